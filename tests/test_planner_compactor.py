@@ -1,0 +1,209 @@
+"""The torch planner and compactor against the pure-Python spec and naive references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from randkv import RandKVConfig, num_rounds, slot_positions, spec
+from randkv.compactor import KVLayout, PagedCompactor
+from randkv.planner import RoundPlanner, plan_round
+from randkv.slotmap import SlotPositionMap
+
+
+@st.composite
+def batches(draw):
+    config = RandKVConfig(
+        budget=draw(st.integers(1, 80)),
+        buffer_size=draw(st.integers(1, 16)),
+        seed=draw(st.integers(0, 2**64 - 1)),
+    )
+    size = draw(st.integers(1, 5))
+    prompts = draw(st.lists(st.integers(0, config.budget), min_size=size, max_size=size))
+    keys = draw(st.lists(st.integers(0, 2**64 - 1), min_size=size, max_size=size))
+    rounds = draw(st.lists(st.integers(0, 2**40), min_size=size, max_size=size))
+    layers = draw(st.lists(st.integers(0, 200), min_size=1, max_size=4, unique=True))
+    heads = draw(st.lists(st.integers(0, 64), min_size=1, max_size=4, unique=True))
+    return config, prompts, keys, rounds, layers, heads
+
+
+@given(batches())
+@settings(max_examples=150, deadline=None)
+def test_planner_is_bit_identical_to_the_spec(batch):
+    config, prompts, keys, rounds, layers, heads = batch
+    plan = plan_round(
+        config,
+        prompt_lengths=prompts,
+        request_keys=keys,
+        round_indices=rounds,
+        layers=layers,
+        kv_heads=heads,
+    )
+    assert plan.evicted.shape == (len(prompts), len(layers), len(heads), config.buffer_size)
+    for b, (prompt, key, round_index) in enumerate(zip(prompts, keys, rounds, strict=True)):
+        for li, layer in enumerate(layers):
+            for hi, head in enumerate(heads):
+                expected = spec.evicted_slots(
+                    config,
+                    prompt_length=prompt,
+                    request_key=key,
+                    round_index=round_index,
+                    layer=layer,
+                    kv_head=head,
+                )
+                assert tuple(plan.evicted[b, li, hi].tolist()) == expected
+    assert plan.sources.tolist() == list(spec.source_slots(config))
+
+
+def test_planner_handles_streams_that_need_many_draws():
+    # n == r: every candidate goes, which takes a coupon collector's worth of draws.
+    config = RandKVConfig(budget=100, buffer_size=40)
+    plan = plan_round(
+        config,
+        prompt_lengths=[100, 99],
+        request_keys=[3, 4],
+        round_indices=[0, 1],
+        layers=[0],
+        kv_heads=[0, 1],
+    )
+    assert sorted(plan.evicted[0, 0, 0].tolist()) == list(range(100, 140))
+    assert tuple(plan.evicted[1, 0, 1].tolist()) == spec.evicted_slots(
+        config, prompt_length=99, request_key=4, round_index=1, layer=0, kv_head=1
+    )
+
+
+def test_tensor_parallel_split_gives_the_same_plan():
+    config = RandKVConfig(budget=64, buffer_size=8, seed=1)
+    args = {"prompt_lengths": [5, 20], "request_keys": [9, 2**64 - 1], "round_indices": [0, 3]}
+    whole = RoundPlanner(config, range(4), range(8)).plan(**args).evicted
+    rank0 = RoundPlanner(config, range(4), range(0, 4)).plan(**args).evicted
+    rank1 = RoundPlanner(config, range(4), range(4, 8)).plan(**args).evicted
+    stage1 = RoundPlanner(config, range(2, 4), range(8)).plan(**args).evicted
+    assert torch.equal(torch.cat([rank0, rank1], dim=2), whole)
+    assert torch.equal(stage1, whole[:, 2:4])
+
+
+def test_planner_rejects_prompts_over_budget():
+    config = RandKVConfig(budget=16, buffer_size=4)
+    with pytest.raises(ValueError, match="prompt of 17 tokens exceeds the RandKV budget K=16"):
+        plan_round(
+            config,
+            prompt_lengths=[3, 17],
+            request_keys=[1, 2],
+            round_indices=[0, 0],
+            layers=[0],
+            kv_heads=[0],
+        )
+
+
+def _make_cache(layout, num_blocks, heads, block_size, head_dim, generator, stride_order=None):
+    if layout is KVLayout.BLOCK_HEAD_SLOT:
+        shape = (num_blocks, heads, block_size, 2 * head_dim)
+        if stride_order == "NHD":
+            base = torch.randn(num_blocks, block_size, heads, 2 * head_dim, generator=generator)
+            return base.permute(0, 2, 1, 3)
+        return torch.randn(shape, generator=generator)
+    return torch.randn(2, num_blocks, block_size, heads, head_dim, generator=generator)
+
+
+def _reference_apply(layout, plan, caches, block_tables, block_size):
+    """One element at a time, straight from the plan's definition."""
+    for b in range(plan.evicted.shape[0]):
+        for layer, cache in enumerate(caches):
+            for head in range(plan.evicted.shape[2]):
+                for i in range(plan.evicted.shape[3]):
+                    src, dst = int(plan.sources[i]), int(plan.evicted[b, layer, head, i])
+                    src_block = int(block_tables[b, src // block_size])
+                    dst_block = int(block_tables[b, dst // block_size])
+                    if layout is KVLayout.BLOCK_HEAD_SLOT:
+                        cache[dst_block, head, dst % block_size] = cache[
+                            src_block, head, src % block_size
+                        ]
+                    else:
+                        cache[:, dst_block, dst % block_size, head] = cache[
+                            :, src_block, src % block_size, head
+                        ]
+
+
+@given(
+    layout=st.sampled_from(list(KVLayout)),
+    stride_order=st.sampled_from(["HND", "NHD"]),
+    block_size=st.sampled_from([1, 3, 16]),
+    budget=st.integers(1, 40),
+    buffer_size=st.integers(1, 9),
+    batch=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    seed=st.integers(0, 2**32),
+)
+@settings(max_examples=60, deadline=None)
+def test_compactor_equals_elementwise_reference(
+    layout, stride_order, block_size, budget, buffer_size, batch, heads, seed
+):
+    config = RandKVConfig(budget=budget, buffer_size=buffer_size, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_request = -(-config.max_physical_length // block_size)
+    num_blocks = batch * blocks_per_request + 5
+    # Non-contiguous, shuffled block ids; unused blocks stay poisoned with their values.
+    block_ids = torch.randperm(num_blocks, generator=generator)[: batch * blocks_per_request]
+    block_tables = block_ids.view(batch, blocks_per_request)
+    prompts = torch.randint(0, budget + 1, (batch,), generator=generator).tolist()
+    plan = plan_round(
+        config,
+        prompt_lengths=prompts,
+        request_keys=list(range(batch)),
+        round_indices=[seed % 7] * batch,
+        layers=[0, 1],
+        kv_heads=list(range(heads)),
+    )
+    caches = [
+        _make_cache(layout, num_blocks, heads, block_size, 4, generator, stride_order)
+        for _ in range(2)
+    ]
+    expected = [c.clone() for c in caches]
+    _reference_apply(layout, plan, expected, block_tables, block_size)
+    PagedCompactor(layout, block_size).apply(plan, caches, block_tables)
+    for got, want in zip(caches, expected, strict=True):
+        assert torch.equal(got, want)  # untouched slots kept their random values too
+
+
+def test_compaction_rounds_reproduce_the_spec_slot_layout():
+    """Run several rounds on a paged cache whose values are positions; compare to spec."""
+    config = RandKVConfig(budget=21, buffer_size=5, seed=4)
+    prompt, key, heads, layers, block_size = 6, 77, 2, 2, 4
+    blocks = -(-config.max_physical_length // block_size)
+    block_table = torch.tensor([list(range(2 * blocks, 3 * blocks))[::-1]])
+    caches = [torch.full((3 * blocks, heads, block_size, 2), -1.0) for _ in range(layers)]
+    planner = RoundPlanner(config, range(layers), range(heads))
+    compactor = PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size)
+    tracker = SlotPositionMap(config, layers, heads)
+    length = 0
+    for position in range(200):
+        block, offset = int(block_table[0, length // block_size]), length % block_size
+        for cache in caches:
+            cache[block, :, offset] = float(position)
+        tracker.append(1)
+        length += 1
+        if length == config.max_physical_length:
+            round_index = num_rounds(config, prompt_length=prompt, tokens_seen=position + 1) - 1
+            plan = planner.plan([prompt], [key], [round_index])
+            compactor.apply(plan, caches, block_table)
+            tracker.apply_round(plan.evicted[0], plan.sources)
+            length = config.compacted_length
+        for layer in range(layers):
+            for head in range(heads):
+                want = slot_positions(
+                    config,
+                    prompt_length=prompt,
+                    tokens_seen=position + 1,
+                    request_key=key,
+                    layer=layer,
+                    kv_head=head,
+                )
+                slots = torch.arange(length)
+                got = caches[layer][
+                    block_table[0, slots // block_size], head, slots % block_size, 0
+                ]
+                assert tuple(int(v) for v in got.tolist()) == want
+                assert tracker.slot_positions(layer, head) == want
