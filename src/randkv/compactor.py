@@ -27,21 +27,32 @@ class KVLayout(enum.Enum):
     KV_BLOCK_SLOT_HEAD = "kv_block_slot_head"
 
 
+# Row copies run per element: reinterpreting rows as the widest type that divides them
+# makes index_copy_ several times faster. Copies move bits, never arithmetic.
+_WIDE_TYPES = (torch.complex128, torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
 def _row_view(cache: torch.Tensor) -> torch.Tensor:
-    """All of `cache`'s elements as rows of its last dim, in storage order."""
+    """All of `cache`'s elements as rows of its last dim, in storage order, bit-viewed."""
     if cache.stride(-1) != 1:
-        raise ValueError("KV cache's last dim must be contiguous")
-    dims = sorted(range(cache.dim()), key=lambda d: cache.stride(d), reverse=True)
-    if not cache.permute(*dims).is_contiguous():
+        raise ValueError("the KV cache's last dim must be contiguous")
+    order = sorted(range(cache.dim()), key=lambda d: cache.stride(d), reverse=True)
+    if not cache.permute(*order).is_contiguous():
         raise ValueError(
-            f"KV cache must be dense (a permuted contiguous tensor); strides {cache.stride()}"
+            f"the KV cache must be dense (a permuted contiguous tensor); strides {cache.stride()}"
         )
-    return cache.as_strided(
-        (cache.numel() // cache.shape[-1], cache.shape[-1]), (cache.shape[-1], 1)
-    )
+    width = cache.shape[-1]
+    rows = cache.as_strided((cache.numel() // width, width), (width, 1))
+    row_bytes = width * cache.element_size()
+    offset_bytes = cache.storage_offset() * cache.element_size()
+    for wide in _WIDE_TYPES:
+        size = torch.empty((), dtype=wide).element_size()
+        if row_bytes % size == 0 and offset_bytes % size == 0:
+            return rows.view(torch.uint8).view(wide)
+    return rows
 
 
-def _flat_rows(cache: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:
+def _row_numbers(cache: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:
     """Row numbers in `_row_view(cache)` of the elements at `indices` (all dims but last)."""
     offset = indices[0] * cache.stride(0)
     for dim, index in enumerate(indices[1:], start=1):
@@ -54,9 +65,8 @@ def _slot_coordinates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(block id, offset in block) of each slot; slots are (B, ...) with block_tables (B, M)."""
     batch = slots.shape[0]
-    flat = slots.reshape(batch, -1)
-    blocks = block_tables.gather(1, flat // block_size).view(slots.shape)
-    return blocks, slots % block_size
+    blocks = block_tables.gather(1, (slots // block_size).reshape(batch, -1))
+    return blocks.view(slots.shape), slots % block_size
 
 
 class PagedCompactor:
@@ -91,37 +101,34 @@ class PagedCompactor:
             )
         if plan.evicted.shape[0] == 0:
             return
-        device = caches[0].device
-        evicted = plan.evicted.to(device)
-        batch, _, heads, r = evicted.shape
-        block_tables = block_tables.to(device=device, dtype=torch.int64)
-        head_index = torch.arange(heads, device=device)[None, :, None]
-        sources = plan.sources.to(device)[None, None, :].expand(batch, heads, r)
-        src_blocks, src_offsets = _slot_coordinates(sources, block_tables, self.block_size)
+        first = caches[0]
+        if any(c.shape != first.shape or c.stride() != first.stride() for c in caches):
+            raise ValueError("all layers' KV caches must share one shape and stride order")
+        sources, holes = self._rows(plan, first, block_tables)
+        # Sources (slots >= K + r) and holes (< K + r) never overlap: gather, then scatter.
         for layer, cache in enumerate(caches):
-            dst_blocks, dst_offsets = _slot_coordinates(
-                evicted[:, layer], block_tables, self.block_size
-            )
-            if self.layout is KVLayout.BLOCK_HEAD_SLOT:
-                self._move(
-                    cache,
-                    (src_blocks, head_index, src_offsets),
-                    (dst_blocks, head_index, dst_offsets),
-                )
-            else:
-                for half in (cache[0], cache[1]):
-                    self._move(
-                        half,
-                        (src_blocks, src_offsets, head_index),
-                        (dst_blocks, dst_offsets, head_index),
-                    )
+            rows = _row_view(cache)
+            rows.index_copy_(0, holes[layer], rows.index_select(0, sources))
 
-    @staticmethod
-    def _move(
-        cache: torch.Tensor, source: Sequence[torch.Tensor], dest: Sequence[torch.Tensor]
-    ) -> None:
-        rows = _row_view(cache)
-        src = _flat_rows(cache, source).reshape(-1)
-        dst = _flat_rows(cache, dest).reshape(-1)
-        # Sources (slots >= K + r) and holes (< K + r) never overlap: one gather, one scatter.
-        rows.index_copy_(0, dst, rows.index_select(0, src))
+    def _rows(
+        self, plan: RoundPlan, cache: torch.Tensor, block_tables: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row numbers of the moved tokens: sources (n,) shared by layers, holes (L, n)."""
+        device = cache.device
+        evicted = plan.evicted.to(device)
+        batch, layers, heads, r = evicted.shape
+        block_tables = block_tables.to(device=device, dtype=torch.int64)
+        head = torch.arange(heads, device=device)[None, None, :, None]
+        sources = plan.sources.to(device)[None, None, None, :].expand(batch, 1, heads, r)
+        src_block, src_offset = _slot_coordinates(sources, block_tables, self.block_size)
+        dst_block, dst_offset = _slot_coordinates(evicted, block_tables, self.block_size)
+        if self.layout is KVLayout.BLOCK_HEAD_SLOT:
+            src = _row_numbers(cache, (src_block, head, src_offset))
+            dst = _row_numbers(cache, (dst_block, head, dst_offset))
+        else:
+            # Each token has a K row and, one half of the tensor further, a V row.
+            half = torch.tensor([0, 1], device=device)[None, None, :, None, None]
+            head = head[:, :, None]
+            src = _row_numbers(cache, (half, src_block[:, :, None], src_offset[:, :, None], head))
+            dst = _row_numbers(cache, (half, dst_block[:, :, None], dst_offset[:, :, None], head))
+        return src.reshape(-1), dst.transpose(0, 1).reshape(layers, -1)

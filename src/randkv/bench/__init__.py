@@ -1,0 +1,1 @@
+"""Benchmarks that run RandKV and its baselines side by side in one invocation."""

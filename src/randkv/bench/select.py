@@ -1,0 +1,88 @@
+"""`randkv bench select`: one steady-state round of selection, RandKV vs two baselines."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import torch
+
+from randkv.bench.timing import machine_info, time_calls
+from randkv.config import RandKVConfig
+from randkv.planner import RoundPlanner, to_key_tensor
+
+
+def _python_sample_round(n: int, r: int, layers: int, heads: int, key: int, round_index: int):
+    """Baseline: per (layer, head) Python `random.sample` seeded by a hash."""
+    picks = []
+    for layer in range(layers):
+        for head in range(heads):
+            label = f"{key}/{round_index}/{layer}/{head}".encode()
+            seed = int.from_bytes(hashlib.blake2b(label, digest_size=8).digest(), "little")
+            picks.append(random.Random(seed).sample(range(n), r))
+    return picks
+
+
+def _rand_topk_round(n: int, r: int, layers: int, heads: int, generator: torch.Generator):
+    """Baseline: per layer, uniform scores for every candidate, top-r, sorted."""
+    picks = []
+    for _ in range(layers):
+        scores = torch.rand(heads, n, generator=generator)
+        picks.append(scores.topk(r, dim=-1).indices.sort(dim=-1).values)
+    return picks
+
+
+def run(
+    *,
+    layers: int,
+    kv_heads: int,
+    budget: int,
+    buffer: int,
+    prompt: int,
+    batch: int = 64,
+    repeats: int = 30,
+    threads: int = 1,
+) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    config = RandKVConfig(budget=budget, buffer_size=buffer)
+    config.check_prompt(prompt)
+    n = config.compacted_length - prompt
+    planner = RoundPlanner(config, range(layers), range(kv_heads))
+    one_key = to_key_tensor([12345])
+    batch_keys = to_key_tensor(range(batch))
+    generator = torch.Generator().manual_seed(0)
+    results: dict[str, Any] = {
+        "shape": {
+            "layers": layers,
+            "kv_heads": kv_heads,
+            "budget": budget,
+            "buffer": buffer,
+            "prompt": prompt,
+            "candidates": n,
+            "batch": batch,
+        },
+        "randkv": time_calls(lambda: planner.plan([prompt], one_key, [7]), repeats=repeats),
+        "python_sample": time_calls(
+            lambda: _python_sample_round(n, buffer, layers, kv_heads, 12345, 7),
+            repeats=max(5, repeats // 3),
+        ),
+        "rand_topk": time_calls(
+            lambda: _rand_topk_round(n, buffer, layers, kv_heads, generator), repeats=repeats
+        ),
+        "randkv_batched_64": time_calls(
+            lambda: planner.plan([prompt] * batch, batch_keys, [7] * batch),
+            repeats=max(3, repeats // 6),
+        ),
+    }
+    results["randkv_batched_64"]["per_request_ms"] = (
+        results["randkv_batched_64"]["median_ms"] / batch
+    )
+    base = results["randkv"]["median_ms"]
+    results["speedup"] = {
+        "vs_python_sample": results["python_sample"]["median_ms"] / base,
+        "vs_rand_topk": results["rand_topk"]["median_ms"] / base,
+        "batched_per_request_vs_single": base / results["randkv_batched_64"]["per_request_ms"],
+    }
+    results["machine"] = machine_info(threads)
+    return results

@@ -1,0 +1,102 @@
+"""The `randkv` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    for key, value in result.items():
+        print(f"{key}: {json.dumps(value)}")
+
+
+def _bench_select(args: argparse.Namespace) -> None:
+    from randkv.bench import select
+
+    _print(
+        select.run(
+            layers=args.layers,
+            kv_heads=args.kv_heads,
+            budget=args.budget,
+            buffer=args.buffer,
+            prompt=args.prompt,
+            batch=args.batch,
+            repeats=args.repeats,
+            threads=args.threads,
+        ),
+        args.json,
+    )
+
+
+def _bench_compact(args: argparse.Namespace) -> None:
+    from randkv.bench import compact
+
+    _print(
+        compact.run(
+            layers=args.layers,
+            kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            budget=args.budget,
+            buffer=args.buffer,
+            prompt=args.prompt,
+            requests=args.requests,
+            block_size=args.block_size,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            threads=args.threads,
+        ),
+        args.json,
+    )
+
+
+def _add_shape_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--buffer", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="randkv", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench", required=True
+    )
+    select = bench.add_parser("select", help="one round of selection vs baselines")
+    _add_shape_args(select)
+    select.add_argument("--batch", type=int, default=64, help="requests in the batched call")
+    select.set_defaults(func=_bench_select)
+    compact = bench.add_parser("compact", help="compaction bytes and bandwidth")
+    _add_shape_args(compact)
+    compact.add_argument("--head-dim", type=int, default=128)
+    compact.add_argument("--requests", type=int, default=2)
+    compact.add_argument("--block-size", type=int, default=16)
+    compact.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    compact.set_defaults(func=_bench_compact)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as error:
+        print(f"randkv: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
