@@ -240,3 +240,26 @@ def test_decisions_identical_across_processes_and_hash_seeds():
         config, prompt_length=7, tokens_seen=120, request_key=2**63 + 5, layer=2, kv_head=3
     )
     assert outputs[0]["kept"] == list(expected)
+
+
+def test_worked_example():
+    """The worked example in docs/spec.md, row by row."""
+    config = RandKVConfig(budget=8, buffer_size=2, seed=0)
+    assert spec.request_state(0, 7, 0) == 0x4E6CCAC83849C89A
+    assert spec.site_state(0, 0) == 0xA706DD2F4D197E6F
+    assert spec.stream_key(0, 7, 0, 0, 0) == 0xABFAF7DBF8715858
+    assert spec.draw32(0xABFAF7DBF8715858, 0) == 0x17479E9B
+    assert spec.draw32(0xABFAF7DBF8715858, 1) == 0x7B8E10A7
+    rows = {
+        11: ((0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10), (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)),
+        12: ((0, 1, 2, 10, 4, 5, 11, 7, 8, 9), (0, 1, 2, 3, 4, 11, 10, 7, 8, 9)),
+        13: ((0, 1, 2, 10, 4, 5, 11, 7, 8, 9, 12), (0, 1, 2, 3, 4, 11, 10, 7, 8, 9, 12)),
+        14: ((0, 1, 2, 10, 4, 5, 12, 13, 8, 9), (0, 1, 2, 12, 4, 13, 10, 7, 8, 9)),
+        16: ((0, 1, 2, 15, 4, 5, 12, 13, 14, 9), (0, 1, 2, 12, 4, 13, 15, 7, 8, 14)),
+    }
+    for tokens, heads in rows.items():
+        for head, expected in enumerate(heads):
+            got = slot_positions(
+                config, prompt_length=3, tokens_seen=tokens, request_key=7, layer=0, kv_head=head
+            )
+            assert got == expected, (tokens, head)
