@@ -207,3 +207,41 @@ def test_compaction_rounds_reproduce_the_spec_slot_layout():
                 ]
                 assert tuple(int(v) for v in got.tolist()) == want
                 assert tracker.slot_positions(layer, head) == want
+
+
+def test_cpu_vec_layout_compaction_matches_per_token_reference():
+    """vLLM CPU `vec` layout: K column-major then V row-major inside each (block, head)."""
+    from randkv.compactor import cpu_vec_token_elements
+
+    config = RandKVConfig(budget=20, buffer_size=3, seed=8)
+    block_size, head_dim, heads = 4, 5, 2
+    blocks = -(-config.max_physical_length // block_size)
+    generator = torch.Generator().manual_seed(3)
+    block_table = torch.randperm(blocks + 4, generator=generator)[:blocks][None, :]
+    caches = [torch.randn(blocks + 4, heads, block_size, 2 * head_dim, generator=generator)]
+    plan = plan_round(
+        config, prompt_lengths=[5], request_keys=[1], round_indices=[2], layers=[0], kv_heads=[0, 1]
+    )
+
+    def token(cache, slot, head):  # the token's K and V, read straight from the layout rules
+        chunk = cache[int(block_table[0, slot // block_size]), head].reshape(-1)
+        t = slot % block_size
+        keys = chunk[: block_size * head_dim].view(head_dim, block_size)[:, t]
+        values = chunk[block_size * head_dim :].view(block_size, head_dim)[t]
+        return torch.cat((keys, values))
+
+    before = caches[0].clone()
+    PagedCompactor(KVLayout.VLLM_CPU_VEC, block_size).apply(plan, caches, block_table)
+    moved = set()
+    for head in range(heads):
+        for i, hole in enumerate(plan.evicted[0, 0, head].tolist()):
+            source = int(plan.sources[i])
+            assert torch.equal(token(caches[0], hole, head), token(before, source, head))
+            moved.add((hole, head))
+    for head in range(heads):
+        for slot in range(blocks * block_size):
+            if (slot, head) not in moved:
+                assert torch.equal(token(caches[0], slot, head), token(before, slot, head))
+    assert (
+        cpu_vec_token_elements(block_size, head_dim).unique().numel() == 2 * block_size * head_dim
+    )

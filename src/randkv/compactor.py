@@ -10,6 +10,10 @@ Supported layouts, by logical shape (any dense stride order, e.g. vLLM's NHD):
   A dense (batch, heads, seq, head_dim) tensor is this layout with one block per row.
 - `KV_BLOCK_SLOT_HEAD`: (2, num_blocks, block_size, num_kv_heads, head_size), K and V
   split on the first dim (FlashAttention's classic layout, vLLM's ROCm backends).
+- `VLLM_CPU_VEC`: vLLM 0.28.0's CPU attention with its `vec`/`vec16` kernels. The tensor
+  is declared (num_blocks, num_kv_heads, block_size, 2 * head_size), but inside each
+  (block, head) the kernels store K column-major as [head_size, block_size] followed by
+  V row-major as [block_size, head_size]; a token's K is strided, its V contiguous.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ from randkv.planner import RoundPlan
 class KVLayout(enum.Enum):
     BLOCK_HEAD_SLOT = "block_head_slot"
     KV_BLOCK_SLOT_HEAD = "kv_block_slot_head"
+    VLLM_CPU_VEC = "vllm_cpu_vec"
+
+
+def cpu_vec_token_elements(block_size: int, head_size: int) -> torch.Tensor:
+    """Offsets, inside one (block, head) of the VLLM_CPU_VEC layout, of each token's K then V.
+
+    Row t lists the 2 * head_size elements that hold token t (t = offset in the block).
+    """
+    token = torch.arange(block_size)[:, None]
+    dim = torch.arange(head_size)[None, :]
+    keys = dim * block_size + token  # column-major [head_size, block_size]
+    values = block_size * head_size + token * head_size + dim  # row-major after K
+    return torch.cat((keys, values), dim=1)
 
 
 # Row copies run per element: reinterpreting rows as the widest type that divides them
@@ -104,11 +121,43 @@ class PagedCompactor:
         first = caches[0]
         if any(c.shape != first.shape or c.stride() != first.stride() for c in caches):
             raise ValueError("all layers' KV caches must share one shape and stride order")
+        if self.layout is KVLayout.VLLM_CPU_VEC:
+            self._apply_cpu_vec(plan, caches, block_tables)
+            return
         sources, holes = self._rows(plan, first, block_tables)
         # Sources (slots >= K + r) and holes (< K + r) never overlap: gather, then scatter.
         for layer, cache in enumerate(caches):
             rows = _row_view(cache)
             rows.index_copy_(0, holes[layer], rows.index_select(0, sources))
+
+    def _apply_cpu_vec(
+        self, plan: RoundPlan, caches: Sequence[torch.Tensor], block_tables: torch.Tensor
+    ) -> None:
+        first = caches[0]
+        if not first.is_contiguous():
+            raise ValueError("vLLM CPU KV caches must be contiguous")
+        num_blocks, heads, block_size, two_d = first.shape
+        if block_size != self.block_size:
+            raise ValueError(f"cache block size {block_size} != compactor's {self.block_size}")
+        device = first.device
+        elements = cpu_vec_token_elements(block_size, two_d // 2).to(device)
+        chunk = block_size * two_d  # elements per (block, head)
+        evicted = plan.evicted.to(device)
+        batch, _, _, r = evicted.shape
+        block_tables = block_tables.to(device=device, dtype=torch.int64)
+        head = torch.arange(heads, device=device)[None, None, :, None]
+        sources = plan.sources.to(device)[None, None, None, :].expand(batch, 1, heads, r)
+
+        def element_index(slots: torch.Tensor) -> torch.Tensor:
+            blocks, offsets = _slot_coordinates(slots, block_tables, block_size)
+            base = (blocks * heads + head) * chunk
+            return base[..., None] + elements[offsets]  # (..., 2 * head_size)
+
+        src = element_index(sources).reshape(-1)
+        dst = element_index(evicted).transpose(0, 1).reshape(len(caches), -1)
+        for layer, cache in enumerate(caches):
+            flat = cache.view(-1)
+            flat.index_copy_(0, dst[layer], flat.index_select(0, src))
 
     def _rows(
         self, plan: RoundPlan, cache: torch.Tensor, block_tables: torch.Tensor
