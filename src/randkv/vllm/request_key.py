@@ -1,0 +1,66 @@
+"""Request identity that survives batching, ordering and engine restarts.
+
+vLLM's internal request ids carry a random suffix and `LLM.generate` numbers requests
+by order, so neither can seed anything reproducible. A request's key is derived from
+what it is: its prompt token ids, the sampling parameters that shape its tokens
+(seed included), and an optional caller key passed as
+`SamplingParams(extra_args={"randkv_key": "..."})`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from randkv.spec import request_key_from_content
+
+USER_KEY_FIELD = "randkv_key"
+
+# Parameters that change which tokens come out. Length limits and stop strings only
+# truncate, so a request and its longer continuation share their decisions.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "min_tokens",
+)
+
+
+def sampling_fingerprint(sampling_params: Any) -> str:
+    if sampling_params is None:
+        return ""
+    parts = []
+    for name in _SAMPLING_FIELDS:
+        value = getattr(sampling_params, name, None)
+        if isinstance(value, dict):
+            value = sorted(value.items())
+        parts.append(f"{name}={value!r}")
+    return ";".join(parts)
+
+
+def user_key(sampling_params: Any) -> str | None:
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    value = extra.get(USER_KEY_FIELD)
+    return None if value is None else str(value)
+
+
+def derive_request_key(
+    prompt_token_ids: list[int], sampling_params: Any, internal_request_id: str
+) -> int:
+    """The 64-bit RandKV key of a request.
+
+    Unseeded random sampling is not reproducible, so neither need its evictions be: such a
+    request (each sample of n > 1 among them) also mixes in its unique internal id.
+    """
+    fingerprint = sampling_fingerprint(sampling_params)
+    temperature = getattr(sampling_params, "temperature", 0.0) or 0.0
+    if temperature > 0 and getattr(sampling_params, "seed", None) is None:
+        fingerprint += f";unseeded={internal_request_id}"
+    return request_key_from_content(prompt_token_ids, fingerprint, user_key(sampling_params))

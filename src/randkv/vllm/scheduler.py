@@ -1,0 +1,253 @@
+"""RandKV's vLLM scheduler: physical-length block accounting and round directives.
+
+Plugged in with vLLM's `scheduler_cls`. Positions stay absolute: a request's
+`num_computed_tokens` counts every token it has seen, and only block sizing uses
+`randkv.physical_length`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.request import Request, RequestStatus
+
+from randkv.config import PromptTooLongError, RandKVConfig
+from randkv.spec import num_rounds, physical_length
+from randkv.vllm.engine_args import (
+    check_engine_supported,
+    check_kv_cache_groups,
+    config_from_vllm,
+)
+from randkv.vllm.messages import RandKVStepPlan, RoundDirective
+from randkv.vllm.request_key import derive_request_key
+
+logger = init_logger("vllm.randkv.scheduler")
+
+
+@dataclass
+class RequestRounds:
+    """Scheduler-side RandKV state of one request."""
+
+    request_key: int
+    prompt_length: int
+    rounds_applied: int = 0
+
+
+class RandKVCacheManager(KVCacheManager):
+    """vLLM's KV cache manager, sizing each request by its physical length.
+
+    The scheduler swaps an existing manager's class to this one (vLLM builds the
+    manager inside `Scheduler.__init__`), then calls `attach`.
+    """
+
+    def attach(self, config: RandKVConfig, rounds: dict[str, RequestRounds]) -> None:
+        self.randkv = config
+        self.rounds = rounds
+        self.directives: dict[str, RoundDirective] = {}
+        self.blocks_freed = 0
+        self.block_size = self.coordinator.single_type_managers[0].block_size
+
+    def allocate_slots(  # noqa: PLR0913 - vLLM's signature
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ):
+        state = self.rounds[request.request_id]
+        config, block_size = self.randkv, self.block_size
+        prompt = state.prompt_length
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        physical = physical_length(config, prompt_length=prompt, tokens_seen=computed)
+        rounds = num_rounds(config, prompt_length=prompt, tokens_seen=computed)
+        end = physical + num_new_tokens
+        if end > config.max_physical_length:  # the scheduler's split hook prevents this
+            raise RuntimeError(f"RandKV: a step would reach physical length {end}")
+        request_blocks = self.coordinator.single_type_managers[0].req_to_blocks[request.request_id]
+        prefix_hits = list(new_computed_blocks.blocks[0]) if new_computed_blocks else []
+        held = len(request_blocks) + len(prefix_hits)
+        needed = cdiv(end, block_size)
+        keep = min(held, needed)
+        to_allocate = needed - keep
+        watermark = 0
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
+            watermark = self.watermark_blocks
+        free = self.block_pool.get_num_free_blocks() + (held - keep) - reserved_blocks
+        if full_sequence_must_fit:
+            # Admission: the longest this request can get is K + 2r - 1 tokens of blocks.
+            final = physical_length(config, prompt_length=prompt, tokens_seen=request.num_tokens)
+            peak = max(final, min(request.num_tokens, config.max_physical_length))
+            if cdiv(peak, block_size) - keep + watermark > free:
+                return None
+        if to_allocate + watermark > free:
+            return None
+        if prefix_hits:
+            self.coordinator.allocate_new_computed_blocks(
+                request_id=request.request_id,
+                new_computed_blocks=new_computed_blocks.blocks,
+                num_local_computed_tokens=computed,
+                num_external_computed_tokens=0,
+            )
+        if rounds > state.rounds_applied:
+            # The round fires now: the worker compacts before this step's forward pass
+            # (reading the tail blocks freed here, before anyone can write them).
+            self.directives[request.request_id] = RoundDirective(
+                round_index=rounds - 1,
+                keep_blocks=keep,
+                prompt_length=prompt,
+                request_key=state.request_key,
+            )
+            state.rounds_applied = rounds
+            if held > keep:
+                tail = request_blocks[keep:]
+                del request_blocks[keep:]
+                self.block_pool.free_blocks(reversed(tail))
+                self.blocks_freed += len(tail)
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request.request_id, end, end, num_encoder_tokens
+        )
+        if self.enable_caching and not delay_cache_blocks:
+            # Only whole prompt blocks enter the prefix cache: compaction writes slots >= P,
+            # so blocks holding generated tokens change after they are hashed.
+            full_prompt = (prompt // block_size) * block_size
+            self.coordinator.cache_blocks(request, min(computed + num_new_tokens, full_prompt))
+        return self.create_kv_cache_blocks(new_blocks)
+
+
+class RandKVScheduler(Scheduler):
+    """vLLM's scheduler with RandKV's cadence: chunks end at round boundaries, rounds are
+    announced to the workers, tail blocks are freed the step a round fires."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = config_from_vllm(self.vllm_config)
+        if config is None:
+            raise ValueError("RandKVScheduler needs additional_config['randkv']")
+        check_engine_supported(self.vllm_config)
+        check_kv_cache_groups(self.kv_cache_config)
+        self.randkv = config
+        self.request_rounds: dict[str, RequestRounds] = {}
+        self.rejected: dict[str, str] = {}
+        self.counters = {"rejected_prompts": 0, "preemptions": 0}
+        self.kv_cache_manager.__class__ = RandKVCacheManager
+        self.kv_cache_manager.attach(config, self.request_rounds)
+        # vLLM calls this split hook for every scheduled request (running and waiting);
+        # RandKV uses it to end each chunk at the next round boundary.
+        self.need_mamba_block_aligned_split = True
+        self._new_keys: dict[str, int] = {}
+        logger.info(
+            "RandKV on: budget K=%d, buffer r=%d, seed=%d; at most %d tokens of KV per request",
+            config.budget,
+            config.buffer_size,
+            config.seed,
+            config.max_physical_length - 1,
+        )
+
+    # ------------------------------------------------------------------ admission
+
+    def add_request(self, request: Request) -> None:
+        prompt = request.num_prompt_tokens
+        try:
+            self.randkv.check_prompt(prompt)
+        except PromptTooLongError as error:
+            self.rejected[request.request_id] = str(error)
+            self.counters["rejected_prompts"] += 1
+            logger.warning("RandKV rejects request %s: %s", request.request_id, error)
+        else:
+            key = derive_request_key(
+                list(request.prompt_token_ids or []), request.sampling_params, request.request_id
+            )
+            self.request_rounds[request.request_id] = RequestRounds(key, prompt)
+            self._new_keys[request.request_id] = key
+        super().add_request(request)
+
+    def _mamba_block_aligned_split(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        state = self.request_rounds.get(request.request_id)
+        if state is None:  # rejected: never scheduled
+            return 0
+        start = request.num_computed_tokens + num_new_local_computed_tokens
+        start += num_external_computed_tokens
+        physical = physical_length(
+            self.randkv, prompt_length=state.prompt_length, tokens_seen=start
+        )
+        # Replay after preemption also goes through here, in the same rounds.
+        return min(num_new_tokens, self.randkv.max_physical_length - physical)
+
+    # ------------------------------------------------------------------ per step
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        manager = self.kv_cache_manager
+        dropped = set(scheduler_output.preempted_req_ids or ()) | set(
+            scheduler_output.finished_req_ids
+        )
+        directives = {
+            rid: d
+            for rid, d in manager.directives.items()
+            if rid not in dropped and rid in scheduler_output.num_scheduled_tokens
+        }
+        manager.directives = {}
+        counters = dict(self.counters, blocks_freed=manager.blocks_freed)
+        scheduler_output.randkv = RandKVStepPlan(
+            directives=directives, request_keys=self._new_keys, scheduler_counters=counters
+        )
+        self._new_keys = {}
+        super()._update_after_schedule(scheduler_output)
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        result = super()._preempt_request(request, *args, **kwargs)
+        state = self.request_rounds.get(request.request_id)
+        if state is not None:
+            # All blocks are gone; the request will replay its rounds from the prompt.
+            state.rounds_applied = 0
+            self.kv_cache_manager.directives.pop(request.request_id, None)
+            self.counters["preemptions"] += 1
+        return result
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)
+        self.request_rounds.pop(request.request_id, None)
+        self.rejected.pop(request.request_id, None)
+        self._new_keys.pop(request.request_id, None)
+        self.kv_cache_manager.directives.pop(request.request_id, None)
+        return result
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if not self.rejected:
+            return outputs
+        messages = dict(self.rejected)
+        for request in self.finish_requests(messages, RequestStatus.FINISHED_ERROR):
+            client = outputs.get(request.client_index)
+            if client is None:
+                client = outputs[request.client_index] = EngineCoreOutputs(outputs=[])
+            client.outputs.append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=messages[request.request_id],
+                )
+            )
+        return outputs
