@@ -1,0 +1,161 @@
+"""RandKV inside the real vLLM 0.28.0 engine (CPU backend, tiny random-weight Qwen3)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+
+from randkv import RandKVConfig, request_key_from_content, slot_positions  # noqa: E402
+from randkv.vllm.request_key import sampling_fingerprint  # noqa: E402
+
+CONFIG = RandKVConfig(budget=96, buffer_size=8, seed=3)
+BLOCK = 16
+POOL_BLOCKS = 48  # 768 tokens: less than one max_model_len sequence
+COMMON = dict(
+    dtype="float32",
+    max_model_len=8192,
+    block_size=BLOCK,
+    gpu_memory_utilization=0.2,
+    enforce_eager=True,
+    max_num_seqs=8,
+    max_num_batched_tokens=64,  # prompts over 64 tokens are prefilled in chunks
+    seed=0,
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog, then keeps running far away.",
+    "RandKV keeps the prompt, the newest tokens, and a random sample of the rest.",
+    "Short one.",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_path):
+    import vllm
+
+    from randkv.vllm import LLM
+
+    plain = vllm.LLM(model=tiny_model_path, num_gpu_blocks_override=1024, **COMMON)
+    randkv = LLM(
+        model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=POOL_BLOCKS, **COMMON
+    )
+    return plain, randkv
+
+
+def _scheduler(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def _tokens(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_pool_smaller_than_one_max_len_sequence(engines):
+    _, llm = engines
+    pool = _scheduler(llm).kv_cache_manager.block_pool
+    assert pool.num_gpu_blocks * BLOCK < COMMON["max_model_len"]
+
+
+def test_output_depends_on_context(engines):
+    plain, _ = engines
+    a, b = _tokens(plain.generate(["A" + PROMPTS[0][1:], "B" + PROMPTS[0][1:]], GREEDY))
+    assert a[20:] != b[20:]
+    assert len(set(a)) > 10  # not a degenerate constant output
+
+
+def test_identical_to_plain_vllm_before_the_first_round(engines):
+    plain, llm = engines
+    expected, got = _tokens(plain.generate(PROMPTS, GREEDY)), _tokens(llm.generate(PROMPTS, GREEDY))
+    prompts = [len(o.prompt_token_ids) for o in plain.generate(PROMPTS, GREEDY)]
+    for prompt, want, have in zip(prompts, expected, got, strict=True):
+        # The query at position K + 2r - 1 still sees everything: its token and all before
+        # it match; the first round fires before position K + 2r is written.
+        unaffected = CONFIG.max_physical_length - prompt + 1
+        assert have[:unaffected] == want[:unaffected]
+    assert any(h != w for h, w in zip(got, expected, strict=True))  # eviction changes output
+
+
+def test_retained_positions_equal_the_spec(engines):
+    _, llm = engines
+    params = SamplingParams(
+        temperature=0, max_tokens=200, ignore_eos=True, extra_args={"randkv_key": "oracle"}
+    )
+    output = llm.generate([PROMPTS[1]], params)[0]
+    prompt_ids = list(output.prompt_token_ids)
+    key = request_key_from_content(prompt_ids, sampling_fingerprint(params), "oracle")
+    tokens_seen = len(prompt_ids) + len(output.outputs[0].token_ids) - 1
+    slots = llm.randkv_slot_positions(output.request_id)
+    assert len(slots) == 2 and len(slots[0]) == 2  # layers x KV heads of the tiny model
+    for layer, heads in enumerate(slots):
+        for head, got in enumerate(heads):
+            want = slot_positions(
+                CONFIG,
+                prompt_length=len(prompt_ids),
+                tokens_seen=tokens_seen,
+                request_key=key,
+                layer=layer,
+                kv_head=head,
+            )
+            assert tuple(got) == want
+    assert slots[0][0] != slots[0][1]  # heads chose independently
+    stats = llm.randkv_request_stats(output.request_id)
+    assert stats["rounds"] >= 10
+    assert stats["physical_length"] <= CONFIG.max_physical_length
+
+
+def test_one_request_generates_4x_the_pool(engines):
+    _, llm = engines
+    pool_tokens = POOL_BLOCKS * BLOCK
+    params = SamplingParams(temperature=0, max_tokens=4 * pool_tokens, ignore_eos=True)
+    output = llm.generate([PROMPTS[2]], params)[0]
+    assert len(output.outputs[0].token_ids) == 4 * pool_tokens
+    stats = llm.randkv_request_stats(output.request_id)
+    assert stats["blocks_held"] <= -(-CONFIG.max_physical_length // BLOCK)
+
+
+def test_same_request_same_decisions_in_any_batch(engines, tiny_model_path):
+    _, llm = engines
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=150, ignore_eos=True)
+    alone = llm.generate([PROMPTS[0]], params)[0]
+    batch = llm.generate([PROMPTS[2], PROMPTS[1], PROMPTS[0]], params)[2]
+    assert list(alone.outputs[0].token_ids) == list(batch.outputs[0].token_ids)
+    assert llm.randkv_slot_positions(alone.request_id) == llm.randkv_slot_positions(
+        batch.request_id
+    )
+
+
+def test_over_budget_prompt_fails_alone(engines):
+    _, llm = engines
+    long_prompt = "x" * (CONFIG.budget + 5)
+    outputs = llm.generate([PROMPTS[0], long_prompt, PROMPTS[2]], GREEDY)
+    assert outputs[1].outputs[0].finish_reason == "error"
+    assert "exceeds the RandKV budget K=96" in str(outputs[1].outputs[0].stop_reason)
+    assert len(outputs[0].outputs[0].token_ids) == GREEDY.max_tokens
+    assert len(outputs[2].outputs[0].token_ids) == GREEDY.max_tokens
+    assert not _scheduler(llm).request_rounds
+
+
+def test_abort_returns_every_block(engines):
+    _, llm = engines
+    scheduler = _scheduler(llm)
+    pool = scheduler.kv_cache_manager.block_pool
+    free_before = pool.get_num_free_blocks()
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    engine.add_request("abort-me", PROMPTS[0], params)
+    engine.add_request("abort-me-too", PROMPTS[1], params)
+    # Step until round 2 is due in the very next step, then abort.
+    due_at = CONFIG.max_physical_length + 2 * CONFIG.buffer_size
+    for _ in range(400):
+        engine.step()
+        seen = [r.num_computed_tokens for r in scheduler.requests.values()]
+        if due_at in seen:
+            break
+    assert due_at in seen and pool.get_num_free_blocks() < free_before
+    engine.abort_request(["abort-me", "abort-me-too"])
+    engine.step()
+    assert pool.get_num_free_blocks() == free_before
+    assert not scheduler.request_rounds and not scheduler.kv_cache_manager.directives
