@@ -159,3 +159,40 @@ def test_abort_returns_every_block(engines):
     engine.step()
     assert pool.get_num_free_blocks() == free_before
     assert not scheduler.request_rounds and not scheduler.kv_cache_manager.directives
+
+
+def _cached_blocks(llm) -> int:
+    cache = _scheduler(llm).kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    return sum(len(v) if isinstance(v, dict) else 1 for v in cache.values())
+
+
+def test_prefix_cache_shares_prompt_blocks_only(engines):
+    _, llm = engines
+    _scheduler(llm).reset_prefix_cache()
+    prompt = "Shared system prompt. " * 4  # 88 bytes: 5 full blocks of 16
+    params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+    first = llm.generate([prompt], params)[0]
+    second = llm.generate([prompt], params)[0]
+    assert second.num_cached_tokens >= 4 * BLOCK  # prompt blocks were shared
+    assert list(first.outputs[0].token_ids) == list(second.outputs[0].token_ids)
+    # 300 generated tokens filled many blocks, none of which may enter the prefix cache.
+    assert _cached_blocks(llm) == len(first.prompt_token_ids) // BLOCK
+
+
+def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
+    """A fresh engine with a pool so small that requests get preempted and replayed."""
+    from randkv.vllm import LLM
+
+    _, llm = engines
+    prompts = [f"Request {i}: " + PROMPTS[i % 3] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
+    unpressured = llm.generate(prompts, params)
+    assert _scheduler(llm).counters["preemptions"] == 0
+    small = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=20, **COMMON)
+    pressured = small.generate(prompts, params)
+    assert _scheduler(small).counters["preemptions"] > 0
+    assert _tokens(pressured) == _tokens(unpressured)
+    for before, after in zip(unpressured, pressured, strict=True):
+        assert small.randkv_slot_positions(after.request_id) == llm.randkv_slot_positions(
+            before.request_id
+        )

@@ -80,15 +80,19 @@ class RandKVCacheManager(KVCacheManager):
         prefix_hits = list(new_computed_blocks.blocks[0]) if new_computed_blocks else []
         held = len(request_blocks) + len(prefix_hits)
         needed = cdiv(end, block_size)
-        keep = min(held, needed)
-        to_allocate = needed - keep
+        round_due = rounds > state.rounds_applied
+        # Only a round frees blocks: the tail past the compacted length plus this chunk.
+        keep = min(held, needed) if round_due else held
+        to_allocate = max(0, needed - keep)
         watermark = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
         ):
             watermark = self.watermark_blocks
-        free = self.block_pool.get_num_free_blocks() + (held - keep) - reserved_blocks
+        # Prefix hits on cached blocks nobody holds leave the free queue when touched.
+        idle_hits = sum(1 for block in prefix_hits if block.ref_cnt == 0)
+        free = self.block_pool.get_num_free_blocks() + (held - keep) - idle_hits - reserved_blocks
         if full_sequence_must_fit:
             # Admission: the longest this request can get is K + 2r - 1 tokens of blocks.
             final = physical_length(config, prompt_length=prompt, tokens_seen=request.num_tokens)
@@ -104,7 +108,7 @@ class RandKVCacheManager(KVCacheManager):
                 num_local_computed_tokens=computed,
                 num_external_computed_tokens=0,
             )
-        if rounds > state.rounds_applied:
+        if round_due:
             # The round fires now: the worker compacts before this step's forward pass
             # (reading the tail blocks freed here, before anyone can write them).
             self.directives[request.request_id] = RoundDirective(
