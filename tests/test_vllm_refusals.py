@@ -1,0 +1,76 @@
+"""Modes RandKV cannot serve are refused with a message saying what is unsupported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from randkv import RandKVConfig  # noqa: E402
+from randkv.vllm import randkv_engine_kwargs  # noqa: E402
+from randkv.vllm.engine_args import UnsupportedModeError  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"speculative_config": {"method": "ngram"}}, "speculative decoding"),
+        ({"kv_transfer_config": {"kv_connector": "x"}}, "KV transfer"),
+        ({"pipeline_parallel_size": 2}, "pipeline parallelism"),
+        ({"scheduler_cls": "my.Scheduler"}, "RandKV installs its own scheduler_cls"),
+    ],
+)
+def test_refused_engine_arguments(kwargs, message):
+    with pytest.raises(UnsupportedModeError, match=message):
+        randkv_engine_kwargs(RandKVConfig(), kwargs)
+
+
+def test_call_site_forms():
+    assert randkv_engine_kwargs(None, {"dtype": "float32"}) == {"dtype": "float32"}
+    out = randkv_engine_kwargs(True, {"dtype": "float32", "additional_config": {"a": 1}})
+    assert out["additional_config"] == {
+        "a": 1,
+        "randkv": {"budget": 2048, "buffer_size": 64, "seed": 0},
+    }
+    assert out["scheduler_cls"].endswith("RandKVScheduler")
+    assert out["dtype"] == "float32"
+    with pytest.raises(ValueError, match="buffer_size must be in"):
+        randkv_engine_kwargs({"buffer_size": 0}, {})
+
+
+def test_other_vllm_versions_are_refused(monkeypatch):
+    import vllm
+
+    from randkv.vllm.compat import check_vllm_version
+
+    monkeypatch.setattr(vllm, "__version__", "0.29.1")
+    with pytest.raises(ImportError, match="supports exactly vLLM 0.28.0 \\(found 0.29.1\\)"):
+        check_vllm_version()
+
+
+def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
+    import shutil
+
+    from randkv.vllm import LLM
+
+    model = tmp_path / "sliding"
+    shutil.copytree(tiny_model_path, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=32, max_window_layers=0)
+    config["layer_types"] = ["sliding_attention"] * config["num_hidden_layers"]
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        Exception, match="RandKV supports full attention only; layer .* uses SlidingWindowSpec"
+    ):
+        LLM(
+            model=str(model),
+            randkv=RandKVConfig(budget=64, buffer_size=8),
+            dtype="float32",
+            max_model_len=1024,
+            block_size=16,
+            gpu_memory_utilization=0.2,
+            enforce_eager=True,
+            num_gpu_blocks_override=32,
+        )
