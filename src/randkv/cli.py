@@ -56,6 +56,12 @@ def _bench_compact(args: argparse.Namespace) -> None:
     )
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from randkv import demo
+
+    demo.run(model=args.model, results_dir=args.results)
+
+
 def _add_shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -84,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--block-size", type=int, default=16)
     compact.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     compact.set_defaults(func=_bench_compact)
+    demo = commands.add_parser("demo", help="core benchmarks and a short engine comparison")
+    demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
+    demo.add_argument("--results", default="results/demo", help="folder for JSON results")
+    demo.set_defaults(func=_demo)
     return parser
 
 
