@@ -56,6 +56,22 @@ def _bench_compact(args: argparse.Namespace) -> None:
     )
 
 
+def _bench_hf(args: argparse.Namespace) -> None:
+    from randkv.bench import hf
+
+    _print(
+        hf.run(
+            new_tokens=args.new_tokens,
+            budget=args.budget,
+            buffer=args.buffer,
+            prompt=args.prompt,
+            repeats=args.repeats,
+            threads=args.threads,
+        ),
+        args.json,
+    )
+
+
 def _demo(args: argparse.Namespace) -> None:
     from randkv import demo
 
@@ -90,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--block-size", type=int, default=16)
     compact.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     compact.set_defaults(func=_bench_compact)
+    hf_bench = bench.add_parser("hf", help="dense vs RandKV Transformers generate, tiny model")
+    hf_bench.add_argument("--new-tokens", type=int, default=256)
+    hf_bench.add_argument("--budget", type=int, default=64)
+    hf_bench.add_argument("--buffer", type=int, default=16)
+    hf_bench.add_argument("--prompt", type=int, default=32)
+    hf_bench.add_argument("--repeats", type=int, default=3)
+    hf_bench.add_argument("--threads", type=int, default=1)
+    hf_bench.add_argument("--json", action="store_true")
+    hf_bench.set_defaults(func=_bench_hf)
     demo = commands.add_parser("demo", help="core benchmarks and a short engine comparison")
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")

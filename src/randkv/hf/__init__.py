@@ -1,0 +1,30 @@
+"""RandKV for Hugging Face Transformers (5.x): a `Cache` that evicts per the spec, and decode loops.
+
+- `RandKVCache`: a `transformers.Cache`; works inside `model.generate` for batch size 1 and
+  unpadded equal-length batches.
+- `generate`: one-call generation for any left-padded batch (each row its own request).
+- `reference_decode`, `teacher_forced_logprobs`: float32 batch-1 oracles for the engine.
+
+Tested with transformers 5.0.0, 5.12.1, 5.18.0 and 5.24.0 (torch 2.13, CPU).
+"""
+
+from randkv.hf.cache import RandKVCache, prompt_rows
+from randkv.hf.generate import (
+    TeacherForced,
+    generate,
+    reference_decode,
+    teacher_forced_logprobs,
+)
+from randkv.hf.support import UnsupportedModelError, check_supported, unsupported_reason
+
+__all__ = [
+    "RandKVCache",
+    "TeacherForced",
+    "UnsupportedModelError",
+    "check_supported",
+    "generate",
+    "prompt_rows",
+    "reference_decode",
+    "teacher_forced_logprobs",
+    "unsupported_reason",
+]

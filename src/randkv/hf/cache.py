@@ -1,0 +1,571 @@
+"""`RandKVCache`: a Transformers `Cache` that evicts per the RandKV spec.
+
+Storage. Every layer holds one key and one value tensor of shape (batch, kv_heads, K + 2r,
+head_dim). Row b keeps its own request's slots 0 .. length_b - 1 at those indices (slot s of
+the spec is index s), whatever the left padding of the input was: padding is never written.
+Such a tensor is `KVLayout.BLOCK_HEAD_SLOT` with one block per row, so rounds are applied by
+`PagedCompactor` with block_size = K + 2r and block table [[row]].
+
+Timing (the same as the vLLM engine). A round is applied lazily: right before a row's next
+token is written, if that row's buffer holds K + 2r tokens. The round index is
+`num_rounds(P, tokens_seen) - 1`. The query that produced that token therefore still attended
+over all K + 2r tokens. Observers (`slot_positions`, `retained_positions`, `kv`) apply any
+pending round first, which changes nothing observable: no attention runs in between.
+
+Attention masks. Rows may hold different numbers of slots (their prompts, hence their rounds,
+differ). `begin_step` returns the per-row mask and absolute RoPE positions for the next
+forward; `randkv.hf.generate` passes them to the model. Without `begin_step` (inside
+`model.generate` or a plain `model(...)` call) the cache serves the standard causal mask through
+`get_mask_sizes` / `get_query_offset`, which is exact only when every row holds the same number
+of slots: batch size 1, or a batch of equal-length, unpadded prompts. A padded batch is refused
+there with a message pointing to `randkv.hf.generate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from randkv import spec
+from randkv.compactor import KVLayout, PagedCompactor
+from randkv.config import RandKVConfig
+from randkv.hf.support import check_supported
+from randkv.planner import RoundPlan, RoundPlanner, to_key_tensor
+
+__all__ = ["RandKVCache", "prompt_rows"]
+
+_PADDED_BATCH_HINT = (
+    "rows of this batch hold different numbers of tokens (left padding or different prompt "
+    "lengths); the standard causal mask built by model.generate / model(...) cannot express "
+    "per-row evictions. Use randkv.hf.generate(model, ...), which passes per-row masks"
+)
+
+
+def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    """The real (unpadded) token ids of each row of a left-padded batch.
+
+    Raises ValueError for right padding, holes in the mask, or an empty row.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2D (batch, seq), got shape {tuple(input_ids.shape)}")
+    ids = input_ids.detach().cpu()
+    if attention_mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    else:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} does not match input_ids "
+                f"shape {tuple(input_ids.shape)}"
+            )
+        mask = attention_mask.detach().cpu().bool()
+    rows = []
+    for b in range(ids.shape[0]):
+        count = int(mask[b].sum())
+        if count == 0:
+            raise ValueError(f"row {b} has no tokens (its attention_mask is all zeros)")
+        if not bool(mask[b, ids.shape[1] - count :].all()):
+            raise ValueError(
+                f"row {b} is not left-padded (padding must come first, then the prompt); "
+                "set tokenizer.padding_side = 'left'"
+            )
+        rows.append([int(t) for t in ids[b, ids.shape[1] - count :]])
+    return rows
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for queued kernels, so eviction timings measure the work, not the launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class _Step:
+    """One prepared forward: where each new token of each row is written."""
+
+    rows: torch.Tensor  # (n,) row of each real token
+    cols: torch.Tensor  # (n,) column of each real token in the model input
+    slots: torch.Tensor  # (n,) slot it is written to
+    kv_length: int  # slots the attention reads per row (max over rows)
+    query_length: int
+    start: int | None  # when every column of every row is new and rows are level: first slot
+    next_layer: int = 0
+    on_device: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if device not in self.on_device:
+            self.on_device[device] = tuple(t.to(device) for t in (self.rows, self.cols, self.slots))
+        return self.on_device[device]
+
+
+class _RandKVLayer(CacheLayerMixin):
+    """One layer's buffers; all bookkeeping lives in the owning `RandKVCache`."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, owner: RandKVCache, layer_idx: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, head_dim = key_states.shape
+        capacity = self.owner.config.max_physical_length
+        self.device = key_states.device
+        # Zeros, not empty: masked slots still enter attention's matmuls as 0 * value.
+        self.keys = key_states.new_zeros((batch, heads, capacity, head_dim))
+        self.values = value_states.new_zeros((batch, heads, capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.owner.update(key_states, value_states, self.layer_idx, *args, **kwargs)
+
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
+        return self.owner.get_mask_sizes(query, self.layer_idx)
+
+    def get_seq_length(self) -> int:
+        return self.owner.get_seq_length(self.layer_idx)
+
+    def get_max_length(self) -> int:
+        return self.owner.config.max_physical_length
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.13 name of get_max_length
+        return self.owner.config.max_physical_length
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.owner.crop(tokens_to_remove)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.owner.reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.owner.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.owner.batch_select_indices(indices)
+
+
+class RandKVCache(Cache):
+    """A Transformers cache holding at most K + 2r tokens per (row, layer, KV head).
+
+    Each batch row is one RandKV request with its own request key, prompt length and rounds.
+    Decisions are `randkv.spec`'s, drawn by `RoundPlanner` and applied by `PagedCompactor`.
+
+    Args:
+        model_or_config: the model (or its config); must be a full-attention decoder.
+        randkv: the RandKV settings (a RandKVConfig, a dict, or True for defaults).
+        request_keys: one unsigned 64-bit key per batch row.
+        prompt_lengths: per-row prompt lengths; default: the tokens of each row's first
+            forward (the prefill). Give them when the prefill runs in chunks.
+        track_positions: keep the slot -> absolute position map of every (row, layer, head)
+            (needed by `slot_positions` / `retained_positions`).
+    """
+
+    def __init__(
+        self,
+        model_or_config: Any,
+        randkv: RandKVConfig | dict[str, Any] | bool,
+        *,
+        request_keys: Sequence[int],
+        prompt_lengths: Sequence[int] | None = None,
+        track_positions: bool = True,
+    ) -> None:
+        config = getattr(model_or_config, "config", model_or_config)
+        check_supported(config)
+        randkv_config = RandKVConfig.coerce(randkv)
+        if randkv_config is None:
+            raise ValueError("RandKVCache needs a RandKVConfig (randkv=None means no eviction)")
+        keys = [int(k) for k in request_keys]
+        if not keys:
+            raise ValueError("request_keys must have one key per batch row; got none")
+        for key in keys:
+            if not 0 <= key <= spec.MASK64:
+                raise ValueError(f"request keys are unsigned 64-bit integers, got {key}")
+        if prompt_lengths is not None:
+            if len(prompt_lengths) != len(keys):
+                raise ValueError(
+                    f"{len(prompt_lengths)} prompt_lengths for {len(keys)} request_keys"
+                )
+            for length in prompt_lengths:
+                if length < 1:
+                    raise ValueError(f"prompt lengths must be >= 1, got {length}")
+                randkv_config.check_prompt(int(length))
+        text = config.get_text_config(decoder=True)
+        self.config = randkv_config
+        self.num_layers = int(text.num_hidden_layers)
+        self.num_kv_heads = int(
+            getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        )
+        self.request_keys = keys
+        self.track_positions = track_positions
+        self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
+        self._key_tensor = to_key_tensor(keys)
+        self._compactor = PagedCompactor(
+            KVLayout.BLOCK_HEAD_SLOT, randkv_config.max_physical_length
+        )
+        self._planner: RoundPlanner | None = None
+        super().__init__(layers=[_RandKVLayer(self, i) for i in range(self.num_layers)])
+        self._reset_state()
+
+    # ----------------------------------------------------------------- construction helpers
+
+    @classmethod
+    def from_inputs(
+        cls,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        randkv: RandKVConfig | dict[str, Any] | bool,
+        request_keys: Sequence[int] | None = None,
+        track_positions: bool = True,
+    ) -> RandKVCache:
+        """A cache for this (left-padded) batch: prompt lengths from the mask, and by default
+        content request keys (`randkv.request_key_from_content` of each row's prompt ids)."""
+        rows = prompt_rows(input_ids, attention_mask)
+        if request_keys is None:
+            request_keys = [spec.request_key_from_content(row) for row in rows]
+        elif len(request_keys) != len(rows):
+            raise ValueError(f"{len(request_keys)} request_keys for a batch of {len(rows)} rows")
+        return cls(
+            model,
+            randkv,
+            request_keys=request_keys,
+            prompt_lengths=[len(row) for row in rows],
+            track_positions=track_positions,
+        )
+
+    def _reset_state(self) -> None:
+        batch = len(self.request_keys)
+        self._prompts: list[int | None] = (
+            list(self._given_prompts) if self._given_prompts else [None] * batch
+        )
+        self._seen = [0] * batch
+        self._length = [0] * batch
+        self._columns = 0
+        self._step: _Step | None = None
+        self._groups: list[tuple[list[int], torch.device]] | None = None
+        self._positions = (
+            torch.full(
+                (batch, self.num_layers, self.num_kv_heads, self.config.max_physical_length),
+                -1,
+                dtype=torch.int64,
+            )
+            if self.track_positions
+            else None
+        )
+        self.eviction_seconds = 0.0  # planning + compaction + position tracking
+        self.plan_seconds = 0.0
+        self.compact_seconds = 0.0
+        self.rounds_applied = 0
+
+    # ----------------------------------------------------------------- observability
+
+    @property
+    def batch_rows(self) -> int:
+        """Number of rows (requests) this cache serves."""
+        return len(self.request_keys)
+
+    def tokens_seen(self, row: int) -> int:
+        """Tokens of this row written so far (T)."""
+        return self._seen[row]
+
+    def prompt_length(self, row: int) -> int | None:
+        """The row's prompt length (None before its prefill when not given)."""
+        return self._prompts[row]
+
+    def physical_length(self, row: int) -> int:
+        """Slots this row occupies per head, as the spec counts them (a due round counted)."""
+        length = self._length[row]
+        return self.config.compacted_length if length == self.config.max_physical_length else length
+
+    def buffer_length(self, row: int) -> int:
+        """Slots written in the buffer now (K + 2r while a round is due but not yet applied)."""
+        return self._length[row]
+
+    def rounds(self, row: int) -> int:
+        """Eviction rounds this row has fired, as the spec counts them."""
+        prompt = self._prompts[row]
+        if prompt is None:
+            return 0
+        return spec.num_rounds(self.config, prompt_length=prompt, tokens_seen=self._seen[row])
+
+    def slot_positions(self, row: int, layer: int, kv_head: int) -> tuple[int, ...]:
+        """Absolute position held by each slot of one (row, layer, KV head), in slot order."""
+        if self._positions is None:
+            raise RuntimeError("slot positions are not tracked (track_positions=False)")
+        self.flush()
+        return tuple(self._positions[row, layer, kv_head, : self._length[row]].tolist())
+
+    def retained_positions(self, row: int, layer: int, kv_head: int) -> tuple[int, ...]:
+        """Sorted absolute positions one (row, layer, KV head) retains."""
+        return tuple(sorted(self.slot_positions(row, layer, kv_head)))
+
+    def kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one row's cached keys and values, (kv_heads, length, head_dim), slot order."""
+        self.flush()
+        layer_cache = self.layers[layer]
+        if not layer_cache.is_initialized:
+            raise RuntimeError(f"layer {layer} holds nothing yet")
+        length = self._length[row]
+        return layer_cache.keys[row, :, :length], layer_cache.values[row, :, :length]
+
+    # ----------------------------------------------------------------- stepping
+
+    def begin_step(self, new_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prepare the next forward, whose input columns are real tokens where `new_tokens` is True.
+
+        new_tokens: (batch, q) bool; each row's real tokens are its next tokens in order (pad
+        columns, e.g. left padding, are never written). Returns (allowed, position_ids):
+        allowed (batch, 1, q, kv_length) bool says which slots each query may attend to;
+        position_ids (batch, q) are absolute positions (tokens seen), 0 for pad columns.
+        Both are on CPU; move them to the model's device.
+        """
+        inputs = self._prepare(new_tokens.detach().to("cpu", torch.bool), want_inputs=True)
+        assert inputs is not None
+        return inputs
+
+    def _prepare(
+        self, real: torch.Tensor, *, want_inputs: bool
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._step is not None:
+            raise RuntimeError(
+                f"the previous forward stopped after layer {self._step.next_layer - 1} of "
+                f"{self.num_layers}; every layer must be updated once per step"
+            )
+        batch, query_length = real.shape
+        if batch != self.batch_rows:
+            raise ValueError(
+                f"RandKVCache was built for {self.batch_rows} rows (one per request key) but "
+                f"the model runs {batch}; beam search and num_return_sequences > 1 are not "
+                "supported"
+            )
+        self.flush()
+        counts = real.sum(1).tolist()
+        capacity = self.config.max_physical_length
+        for b, count in enumerate(counts):
+            if count == 0:
+                continue
+            if self._prompts[b] is None:
+                self._prompts[b] = count
+                self.config.check_prompt(count)
+            if self._length[b] + count > capacity:
+                raise ValueError(
+                    f"row {b}: {count} new tokens would cross an eviction round (buffer "
+                    f"{self._length[b]} of {capacity}); feed at most "
+                    f"{capacity - self._length[b]} tokens in this step"
+                )
+        rank = real.long().cumsum(1) - 1  # index of each real token among its row's new ones
+        rows, cols = real.nonzero(as_tuple=True)
+        length = torch.tensor(self._length, dtype=torch.int64)
+        seen = torch.tensor(self._seen, dtype=torch.int64)
+        offsets = rank[rows, cols]
+        slots = length[rows] + offsets
+        positions = seen[rows] + offsets
+        kv_length = max(1, max(self._length[b] + counts[b] for b in range(batch)))
+        level = len(set(self._length)) == 1 and all(c == query_length for c in counts)
+        inputs = None
+        if want_inputs:
+            # Query (b, c) sees slots 0 .. length_b + rank; pad columns see slot 0 (never NaN).
+            limit = torch.where(real, length[:, None] + rank, 0)
+            allowed = torch.arange(kv_length)[None, None, :] <= limit[:, :, None]
+            inputs = allowed[:, None], torch.where(real, seen[:, None] + rank, 0)
+        if self._positions is not None and rows.numel():
+            self._positions[rows, :, :, slots] = positions[:, None, None]
+        start = self._length[0] if level else None
+        for b, count in enumerate(counts):
+            self._length[b] += count
+            self._seen[b] += count
+        self._columns += query_length
+        self._step = _Step(rows, cols, slots, kv_length, query_length, start)
+        return inputs
+
+    def _auto_prepare(self, key_states: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """Prepare a step nobody announced: every row gets every column (unpadded batches)."""
+        batch, _, query_length, _ = key_states.shape
+        if batch != self.batch_rows:
+            self._prepare(torch.ones(batch, query_length, dtype=torch.bool), want_inputs=False)
+        if len(set(self._length)) > 1 or len(set(self._seen)) > 1:
+            raise ValueError(f"RandKVCache: {_PADDED_BATCH_HINT}")
+        # Known prompt lengths that differ mean a padded batch (a shorter first forward is
+        # just a prefill chunk).
+        if self._given_prompts is not None and len(set(self._given_prompts)) > 1:
+            raise ValueError(f"RandKVCache: {_PADDED_BATCH_HINT}")
+        inner = kwargs.get("kwargs")
+        position_ids = (inner if isinstance(inner, dict) else kwargs).get("position_ids")
+        if isinstance(position_ids, torch.Tensor) and position_ids.shape[-1] == query_length:
+            expected = torch.arange(self._seen[0], self._seen[0] + query_length)
+            if not bool((position_ids.detach().cpu() == expected).all()):
+                raise ValueError(f"RandKVCache: {_PADDED_BATCH_HINT}")
+        self._prepare(torch.ones(batch, query_length, dtype=torch.bool), want_inputs=False)
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's new keys/values of one layer; return the slots attention reads."""
+        if self._step is None:
+            if layer_idx != 0:
+                raise RuntimeError(
+                    f"RandKVCache: layer {layer_idx} was updated before layer 0 in this step"
+                )
+            self._auto_prepare(key_states, kwargs)
+        step = self._step
+        assert step is not None
+        if layer_idx != step.next_layer:
+            raise RuntimeError(
+                f"RandKVCache: expected layer {step.next_layer} next, got layer {layer_idx} "
+                "(layers must be updated once each, in order)"
+            )
+        if key_states.shape[0] != self.batch_rows or key_states.shape[2] != step.query_length:
+            raise ValueError(
+                f"RandKVCache: layer {layer_idx} got keys of shape {tuple(key_states.shape)}; "
+                f"this step expects ({self.batch_rows}, heads, {step.query_length}, head_dim)"
+            )
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+            self._groups = None
+        if step.start is not None:  # every row writes the same slot range
+            end = step.start + step.query_length
+            layer.keys[:, :, step.start : end] = key_states
+            layer.values[:, :, step.start : end] = value_states
+        else:
+            rows, cols, slots = step.indices(layer.keys.device)
+            layer.keys[rows, :, slots] = key_states[rows, :, cols].to(layer.keys.dtype)
+            layer.values[rows, :, slots] = value_states[rows, :, cols].to(layer.values.dtype)
+        step.next_layer += 1
+        if step.next_layer == self.num_layers:
+            self._step = None
+        return layer.keys[:, :, : step.kv_length], layer.values[:, :, : step.kv_length]
+
+    # ----------------------------------------------------------------- rounds
+
+    def flush(self) -> None:
+        """Apply every due round now (rows whose buffer holds K + 2r tokens)."""
+        capacity = self.config.max_physical_length
+        due = [b for b in range(self.batch_rows) if self._length[b] == capacity]
+        if not due:
+            return
+        if self._step is not None:
+            raise RuntimeError("RandKVCache: cannot apply a round in the middle of a forward")
+        if not all(layer.is_initialized for layer in self.layers):
+            raise RuntimeError("RandKVCache: a round is due but some layers hold no keys")
+        start = time.perf_counter()
+        device = self.layers[0].keys.device
+        if self._planner is None or self._planner.device != device:
+            self._planner = RoundPlanner(
+                self.config, range(self.num_layers), range(self.num_kv_heads), device
+            )
+        round_indices = [(self._seen[b] - capacity) // self.config.buffer_size for b in due]
+        due_t = torch.tensor(due, dtype=torch.int64)
+        plan = self._planner.plan(
+            [self._prompts[b] for b in due], self._key_tensor[due_t], round_indices
+        )
+        _synchronize(device)
+        planned = time.perf_counter()
+        for layer_ids, group_device in self._layer_groups():
+            sub = RoundPlan(
+                evicted=plan.evicted[:, layer_ids].to(group_device),
+                sources=plan.sources.to(group_device),
+            )
+            tables = due_t.to(group_device)[:, None]
+            self._compactor.apply(sub, [self.layers[i].keys for i in layer_ids], tables)
+            self._compactor.apply(sub, [self.layers[i].values for i in layer_ids], tables)
+        _synchronize(device)
+        compacted = time.perf_counter()
+        if self._positions is not None:
+            evicted = plan.evicted.cpu()
+            held = self._positions[due_t]
+            held.scatter_(3, evicted, held[..., plan.sources.cpu()])
+            held[..., self.config.compacted_length :] = -1
+            self._positions[due_t] = held
+        for b in due:
+            self._length[b] = self.config.compacted_length
+        self.rounds_applied += len(due)
+        self.plan_seconds += planned - start
+        self.compact_seconds += compacted - planned
+        self.eviction_seconds += time.perf_counter() - start
+
+    def _layer_groups(self) -> list[tuple[list[int], torch.device]]:
+        """Layers whose buffers share device, shape and strides (one compactor call each)."""
+        if self._groups is None:
+            groups: dict[tuple[Any, ...], list[int]] = {}
+            for i, layer in enumerate(self.layers):
+                key = (layer.keys.device, tuple(layer.keys.shape), layer.keys.stride())
+                groups.setdefault(key, []).append(i)
+            self._groups = [(ids, key[0]) for key, ids in groups.items()]
+        return self._groups
+
+    # ----------------------------------------------------------------- Cache API
+
+    def _uniform_length(self) -> int:
+        lengths = {self.physical_length(b) for b in range(self.batch_rows)}
+        if len(lengths) > 1:
+            raise ValueError(f"RandKVCache: {_PADDED_BATCH_HINT}")
+        return lengths.pop()
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Input columns processed so far (T for unpadded batches), as `generate` expects."""
+        return self._columns
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Slot of the next query: the physical length once a due round is applied."""
+        return self._uniform_length()
+
+    def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the standard mask; `query` is the query length, or (older
+        5.x releases) the tensor of query cache positions."""
+        query_length = query if isinstance(query, int) else int(query.shape[-1])
+        return self._uniform_length() + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.config.max_physical_length
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.config.max_physical_length
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+        self._reset_state()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            "RandKVCache cannot be cropped: evicted tokens are gone (assisted/speculative "
+            "decoding is not supported)"
+        )
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise ValueError("RandKVCache does not support beam search (num_beams must be 1)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise ValueError(
+            "RandKVCache does not support num_return_sequences > 1 or beam search: each row "
+            "is one request with its own key"
+        )
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise ValueError("RandKVCache rows are requests; selecting rows is not supported")
+
+    def __repr__(self) -> str:
+        return (
+            f"RandKVCache(budget={self.config.budget}, buffer_size={self.config.buffer_size}, "
+            f"seed={self.config.seed}, rows={self.batch_rows}, layers={self.num_layers})"
+        )

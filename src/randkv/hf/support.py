@@ -1,0 +1,116 @@
+"""Which Transformers models RandKV can serve: full-attention decoders with position-free caches.
+
+RandKV keeps each KV head's retained tokens in arbitrary slot order. That is exact only when
+every layer attends to the whole retained set (full attention) and no bias depends on the
+distance between query and key once keys are cached (RoPE is applied before caching; ALiBi
+and relative-position biases are not). Anything else is refused up front.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["UnsupportedModelError", "check_supported", "unsupported_reason"]
+
+# Layer types of Transformers' `config.layer_types` that are plain (global, causal) attention.
+_FULL_ATTENTION = "full_attention"
+# Model families whose attention adds ALiBi biases (no `layer_types` marks them).
+_ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "jais", "baichuan_13b"})
+# Recurrent, state-space or otherwise cache-less families: no per-token KV to evict.
+_RECURRENT_MODEL_TYPES = frozenset(
+    {"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm", "recurrent_gemma", "lfm2"}
+)
+# Config attributes that describe per-layer block kinds of hybrid models.
+_HYBRID_PATTERN_ATTRS = (
+    "layers_block_type",
+    "layers_block_types",
+    "block_types",
+    "hybrid_override_pattern",
+    "attn_layer_indices",
+)
+
+
+class UnsupportedModelError(ValueError):
+    """The model's attention cannot be served by RandKV (not full attention, or position biases)."""
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    value = getattr(config, name, default)
+    if value is default and isinstance(config, dict):
+        value = config.get(name, default)
+    return value
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    if getter is None:
+        return config
+    try:
+        return getter(decoder=True)
+    except TypeError:  # very old signatures without `decoder`
+        return getter()
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why RandKV cannot serve a model with this (Transformers) config, or None if it can."""
+    if _get(config, "is_encoder_decoder", False):
+        return "encoder-decoder models are not supported (decoder-only full attention only)"
+    text = _text_config(config)
+    model_type = str(_get(text, "model_type", "") or "")
+    name = model_type or type(text).__name__
+    if not _get(text, "is_causal", True):
+        return f"{name} is configured with bidirectional attention (is_causal=False)"
+    if model_type in _RECURRENT_MODEL_TYPES:
+        return f"{name} layers are recurrent/state-space layers, not attention with a KV cache"
+    attn_config = _get(text, "attn_config", None)
+    if (
+        model_type in _ALIBI_MODEL_TYPES
+        or bool(_get(text, "alibi", False))
+        or (attn_config is not None and bool(_get(attn_config, "alibi", False)))
+        or _get(text, "position_embedding_type", None) == "alibi"
+    ):
+        return (
+            f"{name} uses ALiBi position biases, which depend on the query-key distance at "
+            "attention time; RandKV needs position-free cached keys (RoPE or none)"
+        )
+    layer_types = _get(text, "layer_types", None)
+    if layer_types:
+        for index, layer_type in enumerate(layer_types):
+            if layer_type != _FULL_ATTENTION:
+                detail = ""
+                if layer_type in ("sliding_attention", "hybrid_sliding"):
+                    detail = f" (sliding_window={_get(text, 'sliding_window', None)})"
+                elif layer_type == "chunked_attention":
+                    detail = f" (attention_chunk_size={_get(text, 'attention_chunk_size', None)})"
+                return (
+                    f"layer {index} of this {name} model is {layer_type!r}{detail}; "
+                    "RandKV supports 'full_attention' layers only"
+                )
+    for attr in _HYBRID_PATTERN_ATTRS:
+        if _get(text, attr, None) is not None:
+            return (
+                f"{name} is a hybrid model ({attr}={_get(text, attr)!r}); "
+                "RandKV supports 'full_attention' layers only"
+            )
+    sliding_window = _get(text, "sliding_window", None)
+    if sliding_window is not None and _get(text, "use_sliding_window", True) is not False:
+        return (
+            f"this {name} model uses 'sliding_attention' (sliding_window={sliding_window}); "
+            "RandKV supports 'full_attention' layers only"
+        )
+    chunk = _get(text, "attention_chunk_size", None)
+    if chunk is not None:
+        return (
+            f"this {name} model uses 'chunked_attention' (attention_chunk_size={chunk}); "
+            "RandKV supports 'full_attention' layers only"
+        )
+    if _get(text, "num_hidden_layers", None) is None:
+        return f"{name} config has no num_hidden_layers; cannot size the cache"
+    return None
+
+
+def check_supported(config: Any) -> None:
+    """Raise UnsupportedModelError unless the config describes a full-attention decoder."""
+    reason = unsupported_reason(config)
+    if reason is not None:
+        raise UnsupportedModelError(f"RandKV cannot serve this model: {reason}")
