@@ -196,3 +196,40 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
         assert small.randkv_slot_positions(after.request_id) == llm.randkv_slot_positions(
             before.request_id
         )
+
+
+def test_engine_equals_reference_decode_outside_vllm(engines, tiny_model_path):
+    """Transformers decode with the same evictions, over 4 x (K + 2r) tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from randkv.hf import reference_decode, teacher_forced_logprobs
+
+    _, llm = engines
+    new_tokens = 4 * CONFIG.max_physical_length
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=new_tokens,
+        ignore_eos=True,
+        logprobs=1,
+        extra_args={"randkv_key": "reference"},
+    )
+    output = llm.generate([PROMPTS[0]], params)[0]
+    prompt_ids = list(output.prompt_token_ids)
+    engine_tokens = list(output.outputs[0].token_ids)
+    key = request_key_from_content(prompt_ids, sampling_fingerprint(params), "reference")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    tokens, _ = reference_decode(
+        model, prompt_ids, randkv=CONFIG, request_key=key, max_new_tokens=new_tokens
+    )
+    if list(tokens) != engine_tokens:
+        # A float near-tie may flip between attention kernels: compare teacher-forced.
+        forced = teacher_forced_logprobs(
+            model, prompt_ids, engine_tokens, randkv=CONFIG, request_key=key
+        )
+        engine_logprobs = [
+            step[token].logprob
+            for step, token in zip(output.outputs[0].logprobs, engine_tokens, strict=True)
+        ]
+        reference = forced.token_logprobs.tolist()
+        assert max(abs(a - b) for a, b in zip(engine_logprobs, reference, strict=True)) < 1e-4
