@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +80,23 @@ def _demo(args: argparse.Namespace) -> None:
     demo.run(model=args.model, results_dir=args.results)
 
 
+_prometheus_dir: tempfile.TemporaryDirectory | None = None
+
+
+def _serve(argv: list[str]) -> None:
+    """`randkv serve`: vLLM's parser takes every flag RandKV does not own."""
+    global _prometheus_dir
+    # Every process (API server, engine core, workers) writes its Prometheus series to one
+    # directory that /metrics reads. prometheus_client picks its storage at import time,
+    # so this must happen before vLLM (or randkv.vllm) is imported.
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        _prometheus_dir = tempfile.TemporaryDirectory(prefix="randkv-prometheus-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _prometheus_dir.name
+    from randkv.vllm import serve
+
+    serve.main(argv)
+
+
 def _add_shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -115,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     hf_bench.add_argument("--threads", type=int, default=1)
     hf_bench.add_argument("--json", action="store_true")
     hf_bench.set_defaults(func=_bench_hf)
+    commands.add_parser(
+        "serve",
+        help="vLLM's OpenAI-compatible server with RandKV (randkv serve MODEL --help)",
+        add_help=False,
+    )
     demo = commands.add_parser("demo", help="core benchmarks and a short engine comparison")
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
@@ -123,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        _serve(argv[1:])
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

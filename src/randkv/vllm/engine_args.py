@@ -50,7 +50,14 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
             "RandKV under vLLM pipeline parallelism is not verified (vLLM 0.28.0's CPU "
             "pipeline parallel fails on its own); use tensor parallelism"
         )
+    if kwargs.get("async_scheduling"):
+        raise UnsupportedModeError(
+            "RandKV needs synchronous scheduling (a round's directive must reach the workers "
+            "in the step it fires); remove async_scheduling=True"
+        )
     out = dict(kwargs)
+    # vLLM would otherwise turn async scheduling on by default on GPUs.
+    out["async_scheduling"] = False
     from vllm.platforms import current_platform
 
     out["scheduler_cls"] = SCHEDULER_CLS

@@ -25,6 +25,7 @@ from randkv.vllm.engine_args import (
     config_from_vllm,
 )
 from randkv.vllm.messages import RandKVStepPlan, RoundDirective
+from randkv.vllm.metrics import RandKVMetrics
 from randkv.vllm.request_key import derive_request_key
 
 logger = init_logger("vllm.randkv.scheduler")
@@ -46,14 +47,17 @@ class RandKVCacheManager(KVCacheManager):
     manager inside `Scheduler.__init__`), then calls `attach`.
     """
 
-    def attach(self, config: RandKVConfig, rounds: dict[str, RequestRounds]) -> None:
+    def attach(
+        self, config: RandKVConfig, rounds: dict[str, RequestRounds], metrics: RandKVMetrics
+    ) -> None:
         self.randkv = config
         self.rounds = rounds
+        self.metrics = metrics
         self.directives: dict[str, RoundDirective] = {}
         self.blocks_freed = 0
         self.block_size = self.coordinator.single_type_managers[0].block_size
 
-    def allocate_slots(  # noqa: PLR0913 - vLLM's signature
+    def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
@@ -123,6 +127,7 @@ class RandKVCacheManager(KVCacheManager):
                 del request_blocks[keep:]
                 self.block_pool.free_blocks(reversed(tail))
                 self.blocks_freed += len(tail)
+                self.metrics.add("blocks_freed", len(tail))
         new_blocks = self.coordinator.allocate_new_blocks(
             request.request_id, end, end, num_encoder_tokens
         )
@@ -149,8 +154,9 @@ class RandKVScheduler(Scheduler):
         self.request_rounds: dict[str, RequestRounds] = {}
         self.rejected: dict[str, str] = {}
         self.counters = {"rejected_prompts": 0, "preemptions": 0}
+        self.metrics = RandKVMetrics(self.vllm_config)
         self.kv_cache_manager.__class__ = RandKVCacheManager
-        self.kv_cache_manager.attach(config, self.request_rounds)
+        self.kv_cache_manager.attach(config, self.request_rounds, self.metrics)
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary.
         self.need_mamba_block_aligned_split = True
@@ -172,6 +178,7 @@ class RandKVScheduler(Scheduler):
         except PromptTooLongError as error:
             self.rejected[request.request_id] = str(error)
             self.counters["rejected_prompts"] += 1
+            self.metrics.add("rejected_prompts", 1)
             logger.warning("RandKV rejects request %s: %s", request.request_id, error)
         else:
             key = derive_request_key(
@@ -212,12 +219,20 @@ class RandKVScheduler(Scheduler):
             if rid not in dropped and rid in scheduler_output.num_scheduled_tokens
         }
         manager.directives = {}
+        # Counted when sent: a round dropped by a same-step preemption is replayed later.
+        self.metrics.add("rounds", len(directives))
+        self.metrics.add("tokens_evicted", len(directives) * self.randkv.buffer_size)
+        self._publish_blocks_held()
         counters = dict(self.counters, blocks_freed=manager.blocks_freed)
         scheduler_output.randkv = RandKVStepPlan(
             directives=directives, request_keys=self._new_keys, scheduler_counters=counters
         )
         self._new_keys = {}
         super()._update_after_schedule(scheduler_output)
+
+    def _publish_blocks_held(self) -> None:
+        blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        self.metrics.set_blocks_held(sum(len(blocks.get(rid, ())) for rid in self.request_rounds))
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         result = super()._preempt_request(request, *args, **kwargs)
@@ -227,6 +242,7 @@ class RandKVScheduler(Scheduler):
             state.rounds_applied = 0
             self.kv_cache_manager.directives.pop(request.request_id, None)
             self.counters["preemptions"] += 1
+            self.metrics.add("preemptions", 1)
         return result
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
@@ -235,6 +251,7 @@ class RandKVScheduler(Scheduler):
         self.rejected.pop(request.request_id, None)
         self._new_keys.pop(request.request_id, None)
         self.kv_cache_manager.directives.pop(request.request_id, None)
+        self._publish_blocks_held()  # the engine may go idle and stop scheduling
         return result
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

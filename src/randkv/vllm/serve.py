@@ -1,0 +1,119 @@
+"""`randkv serve MODEL [RandKV options] [any vllm serve flag]`: vLLM 0.28.0's OpenAI-compatible
+server with RandKV's scheduler and worker installed, and RandKV's series on /metrics.
+
+The `randkv` command sets PROMETHEUS_MULTIPROC_DIR before vLLM is imported (see
+`randkv.cli`), so the engine and worker processes' RandKV series reach the endpoint.
+
+vLLM's own command line parses every flag RandKV does not own, so a user's `vllm serve`
+invocation works unchanged with `randkv serve` in front of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from randkv.config import RandKVConfig
+
+# Engine arguments RandKV fills in or refuses (see randkv_engine_kwargs).
+_ENGINE_FIELDS = (
+    "scheduler_cls",
+    "worker_cls",
+    "additional_config",
+    "speculative_config",
+    "kv_transfer_config",
+    "ec_transfer_config",
+    "pipeline_parallel_size",
+    "async_scheduling",
+)
+
+def randkv_option_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    group = parser.add_argument_group("RandKV")
+    group.add_argument(
+        "--randkv",
+        action="store_true",
+        help="RandKV on with its defaults (it is on unless --no-randkv is given)",
+    )
+    group.add_argument(
+        "--no-randkv",
+        action="store_true",
+        help="serve plain vLLM (same server and /metrics; a baseline for comparisons)",
+    )
+    defaults = RandKVConfig()
+    group.add_argument(
+        "--randkv-budget", type=int, metavar="K", help=f"KV budget K (default {defaults.budget})"
+    )
+    group.add_argument(
+        "--randkv-buffer",
+        type=int,
+        metavar="R",
+        help=f"buffer r (default {defaults.buffer_size})",
+    )
+    group.add_argument("--randkv-seed", type=int, metavar="S", help="default 0")
+    return parser
+
+
+def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
+    """The RandKVConfig the RandKV options ask for, or None for `--no-randkv`."""
+    tuned = {
+        "budget": options.randkv_budget,
+        "buffer_size": options.randkv_buffer,
+        "seed": options.randkv_seed,
+    }
+    tuned = {key: value for key, value in tuned.items() if value is not None}
+    if options.no_randkv:
+        if tuned or options.randkv:
+            raise SystemExit("randkv serve: --no-randkv cannot be combined with RandKV options")
+        return None
+    return RandKVConfig(**tuned)
+
+
+def apply_randkv(args: argparse.Namespace, config: RandKVConfig | None) -> None:
+    """Put RandKV's scheduler, worker and config into vLLM's parsed serve arguments."""
+    from randkv.vllm.engine_args import randkv_engine_kwargs
+
+    if config is None:
+        return
+    current = {name: getattr(args, name, None) for name in _ENGINE_FIELDS}
+    if current["worker_cls"] == "auto":
+        current["worker_cls"] = None
+    for name, value in randkv_engine_kwargs(config, current).items():
+        setattr(args, name, value)
+
+
+def build_serve_parser() -> tuple[Any, Any]:
+    """vLLM's own `serve` parser, under the name `randkv serve`."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="randkv", description="RandKV on vLLM's server")
+    subparsers = parser.add_subparsers(dest="subparser")
+    command = ServeSubcommand()
+    serve_parser = command.subparser_init(subparsers)
+    serve_parser.usage = "randkv serve [model_tag] [RandKV options] [vllm serve options]"
+    return parser, command
+
+
+def main(argv: list[str]) -> None:
+    options, rest = randkv_option_parser().parse_known_args(argv)
+    if any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in rest):
+        print(randkv_option_parser().format_help().split("\n", 2)[-1].strip(), "\n")
+    try:
+        config = config_from_options(options)
+    except ValueError as error:
+        raise SystemExit(f"randkv serve: {error}") from error
+
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+    from randkv.vllm.engine_args import UnsupportedModeError
+
+    cli_env_setup()
+    parser, command = build_serve_parser()
+    args = parser.parse_args(["serve", *rest])
+    command.validate(args)
+    try:
+        apply_randkv(args, config)
+    except UnsupportedModeError as error:
+        raise SystemExit(f"randkv serve: {error}") from error
+    command.cmd(args)
