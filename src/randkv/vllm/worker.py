@@ -25,6 +25,7 @@ from randkv.planner import RoundPlanner, to_key_tensor
 from randkv.slotmap import SlotPositionMap
 from randkv.vllm.engine_args import UnsupportedModeError, config_from_vllm
 from randkv.vllm.messages import RandKVStepPlan
+from randkv.vllm.metrics import RandKVMetrics
 
 logger = init_logger("vllm.randkv.worker")
 
@@ -93,8 +94,9 @@ class RandKVRunnerMixin:
         self.randkv_slot_maps: OrderedDict[str, SlotPositionMap] = OrderedDict()
         self.randkv_records: OrderedDict[str, RequestRecord] = OrderedDict()
         self.randkv_counters = {"rounds": 0, "tokens_evicted_per_head": 0, "bytes_moved": 0}
-        self.randkv_seconds = {"planning": 0.0, "compaction": 0.0}
+        self.randkv_seconds = {"planning": 0.0, "compaction": 0.0, "step": 0.0}
         self.randkv_scheduler_counters: dict[str, int] = {}
+        self.randkv_metrics = RandKVMetrics(self.vllm_config)
         logger.info(
             "RandKV worker: %d layers, KV heads %d..%d, layout %s, position tracking %s",
             len(caches),
@@ -140,6 +142,9 @@ class RandKVRunnerMixin:
         done = time.perf_counter()
         self.randkv_seconds["planning"] += planned - start
         self.randkv_seconds["compaction"] += done - planned
+        self.randkv_metrics.add("planning_seconds", planned - start)
+        self.randkv_metrics.add("compaction_seconds", done - planned)
+        self.randkv_metrics.add("kv_entries_evicted", round_plan.evicted.numel())
         self.randkv_counters["rounds"] += len(req_ids)
         self.randkv_counters["tokens_evicted_per_head"] += len(req_ids) * self.randkv.buffer_size
         self.randkv_counters["bytes_moved"] += self.randkv_compactor.moved_bytes(
@@ -299,8 +304,13 @@ class RandKVWorkerMixin:
         self.model_runner.randkv_setup(self.randkv, self.randkv_layout())
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
         self.model_runner.randkv_before_step(scheduler_output)
-        return super().execute_model(scheduler_output, *args, **kwargs)
+        output = super().execute_model(scheduler_output, *args, **kwargs)
+        elapsed = time.perf_counter() - start
+        self.model_runner.randkv_seconds["step"] += elapsed
+        self.model_runner.randkv_metrics.add("step_seconds", elapsed)
+        return output
 
     def randkv_layout(self) -> KVLayout:
         raise NotImplementedError
