@@ -93,6 +93,13 @@ def check_engine_supported(vllm_config: Any) -> None:
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
         problems.append("pipeline parallelism (not verified)")
+    # vLLM runs the data-parallel ranks of a dense model as independent engines (each sees
+    # data_parallel_size == 1 here), which RandKV supports like separate replicas; MoE ranks
+    # step in lockstep with dummy batches.
+    if parallel.data_parallel_size > 1:
+        problems.append(
+            "lockstep data parallelism of MoE models (not verified; run independent replicas)"
+        )
     if getattr(parallel, "decode_context_parallel_size", 1) > 1:
         problems.append("decode context parallelism")
     if getattr(parallel, "prefill_context_parallel_size", 1) > 1:

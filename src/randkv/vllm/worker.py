@@ -26,6 +26,7 @@ from randkv.slotmap import SlotPositionMap
 from randkv.vllm.engine_args import UnsupportedModeError, config_from_vllm
 from randkv.vllm.messages import RandKVStepPlan
 from randkv.vllm.metrics import RandKVMetrics
+from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
 
 logger = init_logger("vllm.randkv.worker")
 
@@ -72,7 +73,10 @@ class RandKVRunnerMixin:
     """Added to vLLM's model runner class at start-up (see `_install_runner`)."""
 
     def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
-        from vllm.distributed import get_tensor_model_parallel_rank
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
 
         caches = self.kv_caches
         local_heads = (
@@ -80,28 +84,44 @@ class RandKVRunnerMixin:
             if layout is not KVLayout.KV_BLOCK_SLOT_HEAD
             else (caches[0].shape[3])
         )
-        first_head = get_tensor_model_parallel_rank() * local_heads
-        self.randkv = config
-        self.randkv_planner = RoundPlanner(
-            config,
-            range(len(caches)),
-            range(first_head, first_head + local_heads),
-            device=caches[0].device,
+        # Draws are keyed by global layer and global KV head, so each TP rank (and each
+        # pipeline stage) plans a slice of the single-device plan.
+        layers = kv_cache_layer_indices(self.kv_cache_config.kv_cache_groups[0].layer_names)
+        if len(layers) != len(caches):
+            raise UnsupportedModeError(
+                f"RandKV found {len(layers)} KV cache layer names for {len(caches)} KV caches"
+            )
+        shard = kv_head_shard(
+            get_tensor_model_parallel_rank(),
+            get_tensor_model_parallel_world_size(),
+            self.model_config.get_total_num_kv_heads(),
+            local_heads,
         )
+        self.randkv = config
+        self.randkv_shard = shard
+        self.randkv_planner = RoundPlanner(config, layers, shard.heads, device=caches[0].device)
         block_size = self.cache_config.block_size
         self.randkv_compactor = PagedCompactor(layout, block_size)
         self.randkv_track = os.environ.get(TRACK_POSITIONS_ENV, "0") == "1"
         self.randkv_slot_maps: OrderedDict[str, SlotPositionMap] = OrderedDict()
         self.randkv_records: OrderedDict[str, RequestRecord] = OrderedDict()
-        self.randkv_counters = {"rounds": 0, "tokens_evicted_per_head": 0, "bytes_moved": 0}
+        self.randkv_counters = {
+            "rounds": 0,
+            "tokens_evicted_per_head": 0,
+            "kv_entries_evicted": 0,  # this rank's (layer, head, token) entries; see randkv_stats
+            "bytes_moved": 0,
+        }
         self.randkv_seconds = {"planning": 0.0, "compaction": 0.0, "step": 0.0}
         self.randkv_scheduler_counters: dict[str, int] = {}
         self.randkv_metrics = RandKVMetrics(self.vllm_config)
         logger.info(
-            "RandKV worker: %d layers, KV heads %d..%d, layout %s, position tracking %s",
-            len(caches),
-            first_head,
-            first_head + local_heads - 1,
+            "RandKV worker: layers %d..%d, KV heads %d..%d (%d replicas), layout %s, "
+            "position tracking %s",
+            layers[0],
+            layers[-1],
+            shard.first_head,
+            shard.heads[-1],
+            shard.replicas,
             layout.value,
             "on" if self.randkv_track else "off",
         )
@@ -111,6 +131,12 @@ class RandKVRunnerMixin:
     def randkv_before_step(self, scheduler_output: Any) -> None:
         plan: RandKVStepPlan | None = getattr(scheduler_output, "randkv", None)
         if plan is None:
+            if scheduler_output.total_num_scheduled_tokens:
+                # Skipping a round on one rank would silently desynchronize its KV heads.
+                raise RuntimeError(
+                    "RandKV: this step's plan (SchedulerOutput.randkv) did not reach the "
+                    "worker; the engine must run randkv.vllm.scheduler.RandKVScheduler"
+                )
             return
         self.randkv_scheduler_counters = plan.scheduler_counters
         for req_id in scheduler_output.finished_req_ids:
@@ -147,6 +173,8 @@ class RandKVRunnerMixin:
         self.randkv_metrics.add("kv_entries_evicted", round_plan.evicted.numel())
         self.randkv_counters["rounds"] += len(req_ids)
         self.randkv_counters["tokens_evicted_per_head"] += len(req_ids) * self.randkv.buffer_size
+        if self.randkv_shard.counts_evictions:  # a replicated KV head is counted on one rank
+            self.randkv_counters["kv_entries_evicted"] += round_plan.evicted.numel()
         self.randkv_counters["bytes_moved"] += self.randkv_compactor.moved_bytes(
             round_plan, self.kv_caches
         )
@@ -239,6 +267,8 @@ class RandKVRunnerMixin:
             "scheduler": dict(self.randkv_scheduler_counters),
             "requests": {k: dataclasses.asdict(v) for k, v in self.randkv_records.items()},
             "kv_heads": list(self.randkv_planner.kv_heads),
+            "layers": list(self.randkv_planner.layers),
+            "counts_evictions": self.randkv_shard.counts_evictions,
         }
 
     def randkv_slot_positions(self, req_prefix: str) -> dict[str, Any]:
@@ -246,6 +276,7 @@ class RandKVRunnerMixin:
         return {
             req_id: {
                 "kv_heads": list(self.randkv_planner.kv_heads),
+                "layers": list(self.randkv_planner.layers),
                 "positions": [
                     [
                         list(slot_map.slot_positions(layer, h))
