@@ -8,8 +8,7 @@ pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
 
-from randkv import RandKVConfig, request_key_from_content, slot_positions  # noqa: E402
-from randkv.vllm.request_key import sampling_fingerprint  # noqa: E402
+from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 
 CONFIG = RandKVConfig(budget=96, buffer_size=8, seed=3)
 BLOCK = 16
@@ -85,7 +84,7 @@ def test_retained_positions_equal_the_spec(engines):
     )
     output = llm.generate([PROMPTS[1]], params)[0]
     prompt_ids = list(output.prompt_token_ids)
-    key = request_key_from_content(prompt_ids, sampling_fingerprint(params), "oracle")
+    key = request_key_from_text("oracle")
     tokens_seen = len(prompt_ids) + len(output.outputs[0].token_ids) - 1
     slots = llm.randkv_slot_positions(output.request_id)
     assert len(slots) == 2 and len(slots[0]) == 2  # layers x KV heads of the tiny model
@@ -217,7 +216,7 @@ def test_engine_equals_reference_decode_outside_vllm(engines, tiny_model_path):
     output = llm.generate([PROMPTS[0]], params)[0]
     prompt_ids = list(output.prompt_token_ids)
     engine_tokens = list(output.outputs[0].token_ids)
-    key = request_key_from_content(prompt_ids, sampling_fingerprint(params), "reference")
+    key = request_key_from_text("reference")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
     tokens, _ = reference_decode(
         model, prompt_ids, randkv=CONFIG, request_key=key, max_new_tokens=new_tokens

@@ -2,16 +2,18 @@
 
 vLLM's internal request ids carry a random suffix and `LLM.generate` numbers requests
 by order, so neither can seed anything reproducible. A request's key is derived from
-what it is: its prompt token ids, the sampling parameters that shape its tokens
-(seed included), and an optional caller key passed as
-`SamplingParams(extra_args={"randkv_key": "..."})`.
+what it is: its prompt token ids and the sampling parameters that shape its tokens
+(seed included). A caller key passed as `SamplingParams(extra_args={"randkv_key": "..."})`
+(OpenAI API: `"vllm_xargs": {"randkv_key": "..."}`) replaces all of that:
+the key is then `randkv.request_key_from_text(caller_key)`, so replicas with different
+defaults, tokenizer revisions or sampling settings still make the same decisions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from randkv.spec import request_key_from_content
+from randkv.spec import request_key_from_content, request_key_from_text
 
 USER_KEY_FIELD = "randkv_key"
 
@@ -56,11 +58,15 @@ def derive_request_key(
 ) -> int:
     """The 64-bit RandKV key of a request.
 
-    Unseeded random sampling is not reproducible, so neither need its evictions be: such a
-    request (each sample of n > 1 among them) also mixes in its unique internal id.
+    A caller key wins outright. Otherwise: unseeded random sampling is not reproducible, so
+    neither need its evictions be; such a request (each sample of n > 1 among them) also
+    mixes in its unique internal id.
     """
+    caller_key = user_key(sampling_params)
+    if caller_key is not None:
+        return request_key_from_text(caller_key)
     fingerprint = sampling_fingerprint(sampling_params)
     temperature = getattr(sampling_params, "temperature", 0.0) or 0.0
     if temperature > 0 and getattr(sampling_params, "seed", None) is None:
         fingerprint += f";unseeded={internal_request_id}"
-    return request_key_from_content(prompt_token_ids, fingerprint, user_key(sampling_params))
+    return request_key_from_content(prompt_token_ids, fingerprint)
