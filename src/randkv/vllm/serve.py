@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from randkv.config import RandKVConfig
+from randkv.config import PromptTooLongError, RandKVConfig
 
 # Engine arguments RandKV fills in or refuses (see randkv_engine_kwargs).
 _ENGINE_FIELDS = (
@@ -82,6 +82,34 @@ def apply_randkv(args: argparse.Namespace, config: RandKVConfig | None) -> None:
         setattr(args, name, value)
 
 
+def check_prompts_at_the_front_door(config: RandKVConfig) -> None:
+    """Answer an over-budget prompt with HTTP 400 and RandKV's message.
+
+    The engine refuses such a request too (it finishes with an error and nothing else is
+    affected), but vLLM's server reports any engine-side error as a bare 500. vLLM offers no
+    hook for extra prompt validation, so this extends the prompt-length check of the
+    server's InputProcessor, in the `randkv serve` process only.
+    """
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from randkv.vllm.metrics import RandKVMetrics
+
+    vllm_check = InputProcessor._validate_prompt_len
+
+    def validate_prompt_len(self: Any, prompt_len: int, prompt_type: str) -> None:
+        vllm_check(self, prompt_len, prompt_type)
+        if prompt_type == "decoder" and prompt_len > config.budget:
+            RandKVMetrics(self.vllm_config).add("rejected_prompts", 1)
+            raise VLLMValidationError(
+                f"{PromptTooLongError(prompt_len, config.budget)} (--randkv-budget)",
+                parameter="prompt",
+                value=prompt_len,
+            )
+
+    InputProcessor._validate_prompt_len = validate_prompt_len
+
+
 def build_serve_parser() -> tuple[Any, Any]:
     """vLLM's own `serve` parser, under the name `randkv serve`."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -116,4 +144,6 @@ def main(argv: list[str]) -> None:
         apply_randkv(args, config)
     except UnsupportedModeError as error:
         raise SystemExit(f"randkv serve: {error}") from error
+    if config is not None:
+        check_prompts_at_the_front_door(config)
     command.cmd(args)

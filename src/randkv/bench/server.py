@@ -1,0 +1,134 @@
+"""Start `randkv serve` as a real server process on loopback, and read its /metrics.
+
+Used by `randkv bench serve`, the demo and the server tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from randkv.config import RandKVConfig
+
+SERVED_MODEL_NAME = "randkv-bench"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_argv(
+    model: str, randkv: RandKVConfig | None, engine_args: Mapping[str, Any], port: int
+) -> list[str]:
+    """The `randkv serve` command line; engine_args use vLLM's names (`max_num_seqs=8`)."""
+    argv = [sys.executable, "-m", "randkv.cli", "serve", model]
+    if randkv is None:
+        argv.append("--no-randkv")
+    else:
+        argv += [
+            f"--randkv-budget={randkv.budget}",
+            f"--randkv-buffer={randkv.buffer_size}",
+            f"--randkv-seed={randkv.seed}",
+        ]
+    argv += ["--host=127.0.0.1", f"--port={port}", f"--served-model-name={SERVED_MODEL_NAME}"]
+    for name, value in engine_args.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is not False and value is not None:
+            argv.append(f"{flag}={value}")
+    return argv
+
+
+class Server:
+    """One `randkv serve` process. Use `running_server(...)`, which stops it."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        self.argv = argv
+        self.port = port
+        self.log_path = log_path
+        self.base_url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ)
+        # The server runs vLLM's normal multi-process layout and its own metrics directory.
+        for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "PROMETHEUS_MULTIPROC_DIR"):
+            env.pop(name, None)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"randkv serve exited with {self.process.returncode}; log tail:\n"
+                    + self.log_tail()
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"randkv serve not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+
+    def metrics(self) -> dict[str, float]:
+        return scrape_metrics(self.base_url)
+
+
+@contextmanager
+def running_server(
+    model: str,
+    randkv: RandKVConfig | None,
+    engine_args: Mapping[str, Any],
+    log_path: Path,
+    timeout: float = 300.0,
+) -> Iterator[Server]:
+    port = free_port()
+    server = Server(serve_argv(model, randkv, engine_args, port), port, log_path)
+    try:
+        server.wait_ready(timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+def scrape_metrics(base_url: str, client: httpx.Client | None = None) -> dict[str, float]:
+    """Every sample on /metrics, summed over labels, by sample name (`..._total`, ...)."""
+    getter = client.get if client is not None else httpx.get
+    text = getter(f"{base_url}/metrics", timeout=10.0).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
