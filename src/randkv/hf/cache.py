@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from randkv import spec
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.config import RandKVConfig
+from randkv.hf.selector import EvictionSelector
 from randkv.hf.support import check_supported
 from randkv.planner import RoundPlan, RoundPlanner, to_key_tensor
 
@@ -171,6 +172,8 @@ class RandKVCache(Cache):
             forward (the prefill). Give them when the prefill runs in chunks.
         track_positions: keep the slot -> absolute position map of every (row, layer, head)
             (needed by `slot_positions` / `retained_positions`).
+        selector: another policy choosing which slots a round empties, on the same cadence
+            (`randkv.hf.selector.EvictionSelector`); None (default) is RandKV itself.
     """
 
     def __init__(
@@ -181,6 +184,7 @@ class RandKVCache(Cache):
         request_keys: Sequence[int],
         prompt_lengths: Sequence[int] | None = None,
         track_positions: bool = True,
+        selector: EvictionSelector | None = None,
     ) -> None:
         config = getattr(model_or_config, "config", model_or_config)
         check_supported(config)
@@ -210,6 +214,7 @@ class RandKVCache(Cache):
         )
         self.request_keys = keys
         self.track_positions = track_positions
+        self.selector = selector
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
         self._compactor = PagedCompactor(
@@ -231,6 +236,7 @@ class RandKVCache(Cache):
         randkv: RandKVConfig | dict[str, Any] | bool,
         request_keys: Sequence[int] | None = None,
         track_positions: bool = True,
+        selector: EvictionSelector | None = None,
     ) -> RandKVCache:
         """A cache for this (left-padded) batch: prompt lengths from the mask, and by default
         content request keys (`randkv.request_key_from_content` of each row's prompt ids)."""
@@ -245,6 +251,7 @@ class RandKVCache(Cache):
             request_keys=request_keys,
             prompt_lengths=[len(row) for row in rows],
             track_positions=track_positions,
+            selector=selector,
         )
 
     def _reset_state(self) -> None:
@@ -256,6 +263,7 @@ class RandKVCache(Cache):
         self._length = [0] * batch
         self._columns = 0
         self._step: _Step | None = None
+        self._query_slots: torch.Tensor | None = None
         self._groups: list[tuple[list[int], torch.device]] | None = None
         self._positions = (
             torch.full(
@@ -312,6 +320,18 @@ class RandKVCache(Cache):
     def retained_positions(self, row: int, layer: int, kv_head: int) -> tuple[int, ...]:
         """Sorted absolute positions one (row, layer, KV head) retains."""
         return tuple(sorted(self.slot_positions(row, layer, kv_head)))
+
+    @property
+    def positions(self) -> torch.Tensor | None:
+        """The slot -> absolute position map, (rows, layers, kv_heads, K + 2r) int64, -1 for
+        empty slots (None when not tracked). Not flushed: a due round is still pending here."""
+        return self._positions
+
+    @property
+    def last_query_slots(self) -> torch.Tensor | None:
+        """Slot of each query column of the latest forward, (rows, columns) int64, -1 for pad
+        columns. Recorded only when a selector is set (attention-reading selectors need it)."""
+        return self._query_slots
 
     def kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of one row's cached keys and values, (kv_heads, length, head_dim), slot order."""
@@ -390,6 +410,8 @@ class RandKVCache(Cache):
             self._seen[b] += count
         self._columns += query_length
         self._step = _Step(rows, cols, slots, kv_length, query_length, start)
+        if self.selector is not None:  # what observing selectors need to map attention rows
+            self._query_slots = torch.where(real, length[:, None] + rank, -1)
         return inputs
 
     def _auto_prepare(self, key_states: torch.Tensor, kwargs: dict[str, Any]) -> None:
@@ -475,9 +497,17 @@ class RandKVCache(Cache):
             )
         round_indices = [(self._seen[b] - capacity) // self.config.buffer_size for b in due]
         due_t = torch.tensor(due, dtype=torch.int64)
-        plan = self._planner.plan(
-            [self._prompts[b] for b in due], self._key_tensor[due_t], round_indices
-        )
+        if self.selector is None:
+            plan = self._planner.plan(
+                [self._prompts[b] for b in due], self._key_tensor[due_t], round_indices
+            )
+        else:
+            plan = RoundPlan(
+                evicted=self.selector.select(self, due, round_indices).to(device),
+                sources=torch.arange(
+                    self.config.compacted_length, capacity, dtype=torch.int64, device=device
+                ),
+            )
         _synchronize(device)
         planned = time.perf_counter()
         for layer_ids, group_device in self._layer_groups():
@@ -498,6 +528,8 @@ class RandKVCache(Cache):
             self._positions[due_t] = held
         for b in due:
             self._length[b] = self.config.compacted_length
+        if self.selector is not None:
+            self.selector.after_round(self, due_t, plan)
         self.rounds_applied += len(due)
         self.plan_seconds += planned - start
         self.compact_seconds += compacted - planned

@@ -1,0 +1,312 @@
+"""`randkv quality eval`: exact-match accuracy of every evictor at matched budgets.
+
+Every evictor runs through the same code: `randkv.hf.generate` over a `RandKVCache` with the
+same (K, r), greedy decoding, the same eager-attention model. Only the choice of the r slots a
+round empties differs (`randkv.quality.evictors`). Dense runs the same loop with a budget no
+round reaches. Deterministic evictors run once; RandKV and its ablation once per seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from randkv.config import RandKVConfig
+from randkv.hf.cache import RandKVCache
+from randkv.hf.generate import generate
+from randkv.models.tiny import PAD_ID
+from randkv.quality.checker import check_answer
+from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
+from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
+from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
+from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
+
+__all__ = ["SCHEMA_VERSION", "EvalConfig", "evaluate", "run_evictor"]
+
+#: Bump when the JSON layout changes.
+SCHEMA_VERSION = 1
+
+#: Evaluation problems come from this task family (training uses other families).
+EVAL_FAMILY = 0
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `randkv quality eval` runs."""
+
+    budgets: tuple[int, ...] = (80, 96, 128, 192)
+    buffer: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2)
+    problems: int = 128
+    num_keys: int = 16
+    hops: int = 96
+    evictors: tuple[str, ...] = (DENSE, *EVICTORS)
+    batch_size: int = 32
+    threads: int = 2
+    reference: str = "randkv"  # paired comparisons are against this evictor
+
+    @property
+    def task(self) -> TaskConfig:
+        return TaskConfig(num_keys=self.num_keys, hops=self.hops)
+
+
+@dataclass
+class Run:
+    """One evictor at one budget and seed over all problems."""
+
+    evictor: str
+    budget: int | None
+    seed: int | None
+    exact: list[bool] = field(default_factory=list)
+    hops_correct: list[int] = field(default_factory=list)
+
+
+def _batches(problems: Sequence[Problem], size: int) -> list[list[Problem]]:
+    return [list(problems[i : i + size]) for i in range(0, len(problems), size)]
+
+
+def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.tensor(row)
+        mask[b, width - len(row) :] = 1
+    return ids, mask
+
+
+def run_evictor(
+    model: Any,
+    problems: Sequence[Problem],
+    evictor: str,
+    *,
+    budget: int,
+    buffer: int,
+    seed: int = 0,
+    batch_size: int = 32,
+    on_batch: Callable[[int], None] | None = None,
+) -> Run:
+    """Greedy answers of one evictor (or "dense") to `problems`, checked independently."""
+    run = Run(evictor, None if evictor == DENSE else budget, seed if _is_random(evictor) else None)
+    for batch in _batches(problems, batch_size):
+        prompts = [encode(p.prompt) for p in batch]
+        new_tokens = max(len(encode(p.target)) for p in batch)
+        ids, mask = _left_pad(prompts)
+        if evictor == DENSE:
+            # The same loop with a budget no round reaches: attention over every token.
+            config = RandKVConfig(budget=ids.shape[1] + new_tokens, buffer_size=buffer)
+            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, track_positions=False)
+            policy = None
+        elif evictor == "randkv":
+            config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
+            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, track_positions=False)
+            policy = None
+        else:
+            policy = make_evictor(evictor)
+            config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
+            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, selector=policy)
+        if policy is None:
+            out = generate(model, ids, mask, randkv=None, cache=cache, **_greedy(new_tokens))
+        else:
+            with attention_hooks(model, cache, policy):
+                out = generate(model, ids, mask, randkv=None, cache=cache, **_greedy(new_tokens))
+        for b, problem in enumerate(batch):
+            text = decode(out[b, ids.shape[1] :].tolist())
+            result = check_answer(problem.prompt, text, problem.config.hops)
+            run.exact.append(result.exact)
+            run.hops_correct.append(result.hops_correct)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return run
+
+
+def _greedy(new_tokens: int) -> dict[str, Any]:
+    return {
+        "max_new_tokens": new_tokens,
+        "do_sample": False,
+        "eos_token_id": None,  # the answer has a fixed length; never stop early
+        "pad_token_id": PAD_ID,
+    }
+
+
+def _is_random(evictor: str) -> bool:
+    return evictor != DENSE and make_evictor(evictor).random
+
+
+def _plan(config: EvalConfig) -> list[tuple[str, int, int]]:
+    """(evictor, budget, seed) of every run; dense once, deterministic evictors once a budget."""
+    plan = []
+    for name in config.evictors:
+        if name == DENSE:
+            plan.append((DENSE, max(config.budgets), 0))
+            continue
+        seeds = config.seeds if _is_random(name) else config.seeds[:1]
+        plan.extend((name, budget, seed) for budget in config.budgets for seed in seeds)
+    return plan
+
+
+def _per_problem(runs: list[Run], attribute: str) -> list[float]:
+    """Mean over seeds of each problem's score."""
+    table = [getattr(run, attribute) for run in runs]
+    return [sum(float(v) for v in column) / len(table) for column in zip(*table, strict=True)]
+
+
+def _summary(runs: list[Run], hops: int) -> dict[str, Any]:
+    exact = _per_problem(runs, "exact")
+    trials = sum(len(run.exact) for run in runs)
+    successes = sum(sum(run.exact) for run in runs)
+    if len(runs) == 1:
+        low, high, method = *wilson_interval(successes, trials), "wilson"
+    else:
+        low, high = bootstrap_mean_ci(exact)
+        method = "bootstrap over problems"
+    accuracy = successes / trials
+    return {
+        "accuracy": accuracy,
+        # Float rounding can put a degenerate bootstrap interval a hair off the mean.
+        "ci_low": min(low, accuracy),
+        "ci_high": max(high, accuracy),
+        "ci_method": method,
+        "hop_fraction": sum(_per_problem(runs, "hops_correct")) / (len(exact) * hops),
+        "problems": len(exact),
+        "seeds": len(runs),
+    }
+
+
+def evaluate(
+    config: EvalConfig,
+    *,
+    model_path: str | Path | None = None,
+    out_dir: str | Path = "results/quality",
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run every evictor at every budget; write quality.json and quality.png into out_dir."""
+    torch.set_num_threads(config.threads)
+    unknown = [e for e in config.evictors if e != DENSE and e not in EVICTORS]
+    if unknown:
+        raise ValueError(f"unknown evictor(s) {unknown}; choose from {[DENSE, *EVICTORS]}")
+    problems = make_problems(EVAL_FAMILY, config.problems, config.task)
+    prompt_tokens = max(len(encode(p.prompt)) for p in problems)
+    if min(config.budgets) < prompt_tokens:
+        raise ValueError(
+            f"budget {min(config.budgets)} is below the prompt ({prompt_tokens} tokens); "
+            "every evictor here keeps K >= P tokens"
+        )
+    model = load_model(model_path)
+    plan = _plan(config)
+    bar = _progress_bar(len(plan) * len(problems), show_progress)
+    start = time.perf_counter()
+    runs: dict[tuple[str, int | None], list[Run]] = {}
+    for name, budget, seed in plan:
+        bar.set_description(f"{name} K={budget}" if name != DENSE else name)
+        run = run_evictor(
+            model,
+            problems,
+            name,
+            budget=budget,
+            buffer=config.buffer,
+            seed=seed,
+            batch_size=config.batch_size,
+            on_batch=bar.update,
+        )
+        runs.setdefault((name, run.budget), []).append(run)
+    bar.close()
+    seconds = time.perf_counter() - start
+    result = _report(config, problems, runs, model_path, seconds, prompt_tokens)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        from randkv.quality.plot import plot_accuracy
+
+        plot_accuracy(result, out / "quality.png")
+        result["plot"] = str(out / "quality.png")
+    except ImportError:  # matplotlib is in the bench extra
+        result["plot"] = None
+    return result
+
+
+def _report(
+    config: EvalConfig,
+    problems: list[Problem],
+    runs: dict[tuple[str, int | None], list[Run]],
+    model_path: str | Path | None,
+    seconds: float,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    hops = config.hops
+    rows = []
+    for (name, budget), group in runs.items():
+        row = {"evictor": name, "budget": budget, **_summary(group, hops)}
+        reference = runs.get((config.reference, budget))
+        if reference is not None and name not in (config.reference, DENSE):
+            row["vs_" + config.reference] = paired_comparison(
+                _per_problem(reference, "exact"), _per_problem(group, "exact")
+            )
+        rows.append(row)
+    model_folder = Path(model_path) if model_path is not None else shipped_checkpoint()
+    train_record = model_folder / "quality_train.json"
+    training = None
+    if train_record.is_file():
+        record = json.loads(train_record.read_text())
+        training = {k: v for k, v in record.items() if k != "history"}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "task": {
+            "name": "tally-chain",
+            "version": TASK_VERSION,
+            "family": EVAL_FAMILY,
+            **asdict(config.task),
+            "prompt_tokens": prompt_tokens,
+            "answer_tokens": config.task.answer_chars,
+            "cycle_lengths": [p.cycle_length for p in problems],
+        },
+        "config": {**asdict(config), "budgets": list(config.budgets), "seeds": list(config.seeds)},
+        "model": {"path": str(model_folder), "training": training},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": config.threads,
+        },
+        "seconds": round(seconds, 1),
+        "results": rows,
+        "per_problem": [
+            {
+                "evictor": run.evictor,
+                "budget": run.budget,
+                "seed": run.seed,
+                "exact": [int(v) for v in run.exact],
+                "hops_correct": run.hops_correct,
+            }
+            for group in runs.values()
+            for run in group
+        ],
+    }
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+
+    def set_description(self, text: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _progress_bar(total: int, show: bool) -> Any:
+    if not show:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="answer", dynamic_ncols=True)

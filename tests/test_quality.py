@@ -1,0 +1,332 @@
+"""The quality benchmark: task generator vs an independent checker, evictor budgets and rules
+against hand-computed oracles, statistics against scipy, and a tiny end-to-end evaluation.
+
+CPU only, no network: models are the tiny random-weight checkpoint or a fresh random init.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+import randkv.hf as rh
+from randkv import RandKVConfig
+from randkv.models.tiny import build_tiny_checkpoint
+from randkv.planner import RoundPlanner, to_key_tensor
+from randkv.quality import evaluate as quality_eval
+from randkv.quality.checker import check_answer, parse_prompt
+from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
+from randkv.quality.evictors.h2o import H2O
+from randkv.quality.evictors.snapkv import SnapKV
+from randkv.quality.evictors.tova import TOVA
+from randkv.quality.stats import paired_comparison, sign_test, wilson_interval
+from randkv.quality.task import TaskConfig, make_problem, make_problems
+
+CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=3)
+PROMPTS = [list(b"RandKV quality"), list(b"hi"), list(b"the quick brown fox")]
+NEW_TOKENS = 60  # 8 to 10 rounds per row
+SELECTORS = [name for name in EVICTORS if name != "randkv"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def eager(ckpt: Path):
+    return AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), 258)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+# --------------------------------------------------------------------------- task and checker
+
+
+def test_checker_on_a_hand_worked_problem():
+    # a -> b -> a; digits a=1, b=2. Tallies: a 1, b 2, a 2, b 4, a 3.
+    prompt = "a1b b2a |a\n"
+    assert parse_prompt(prompt) == ({"a": (1, "b"), "b": (2, "a")}, "a")
+    assert check_answer(prompt, "a11 b22 a12 b24 a13 ", 5).exact
+    wrong = check_answer(prompt, "a11 b22 a11 b24 a13 ", 5)
+    assert not wrong.exact and wrong.hops_correct == 2
+    assert check_answer(prompt, "a11 b22", 3).hops_correct == 1  # ends early
+    with pytest.raises(ValueError):
+        parse_prompt("a1b a2a |a\n")  # two facts for one key
+
+
+@pytest.mark.parametrize("num_keys,hops", [(1, 5), (4, 40), (12, 64), (52, 200)])
+def test_generator_answers_pass_the_independent_checker(num_keys, hops):
+    task = TaskConfig(num_keys=num_keys, hops=hops)
+    for problem in make_problems(5, 20, task):
+        assert len(problem.prompt) == task.prompt_chars
+        assert len(problem.target) == task.answer_chars
+        facts, start = parse_prompt(problem.prompt)
+        assert len(facts) == num_keys
+        assert sorted(n for _, n in facts.values()) == sorted(facts)  # a permutation
+        assert check_answer(problem.prompt, problem.target, hops).exact
+        # Walking the pointers from the start returns to it after cycle_length hops.
+        key = start
+        for _ in range(problem.cycle_length):
+            key = facts[key][1]
+        assert key == start
+        assert problem.final_answer == problem.target[-4:-1]
+
+
+def test_checker_catches_every_single_character_corruption():
+    problem = make_problem(9, 3, TaskConfig(num_keys=8, hops=30))
+    rng = random.Random(0)
+    for position in rng.sample(range(len(problem.target)), 40):
+        old = problem.target[position]
+        new = rng.choice([c for c in "ab0123456789 xyZ" if c != old])
+        bad = problem.target[:position] + new + problem.target[position + 1 :]
+        result = check_answer(problem.prompt, bad, 30)
+        assert not result.exact
+        assert result.hops_correct == position // 4
+
+
+def test_generator_is_seeded_and_versioned():
+    task = TaskConfig(num_keys=10, hops=20)
+    assert make_problem(1, 2, task) == make_problem(1, 2, task)
+    assert make_problem(1, 2, task).prompt != make_problem(1, 3, task).prompt
+    assert make_problem(1, 2, task).prompt != make_problem(2, 2, task).prompt
+    # Pinned: a change here means TASK_VERSION must be bumped.
+    assert make_problem(0, 0, TaskConfig(num_keys=4, hops=3)).prompt == "N5M M8K n3n K9N |n\n"
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_statistics_match_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for k, n in [(0, 10), (3, 10), (50, 100), (128, 128)]:
+        ci = stats.binomtest(k, n).proportion_ci(method="wilson")
+        assert wilson_interval(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
+    diffs = [1] * 9 + [-1] * 2 + [0] * 5
+    p, better, worse = sign_test(diffs)
+    assert (better, worse) == (9, 2)
+    assert p == pytest.approx(stats.binomtest(9, 11).pvalue, abs=1e-12)
+    paired = paired_comparison([1, 1, 0, 0], [1, 0, 0, 0])
+    assert paired["mean_difference"] == -0.25 and paired["problems_worse"] == 1
+
+
+# --------------------------------------------------------------------------- evictors
+
+
+class _SpecSelector:
+    """A selector that asks the spec's planner: must reproduce selector=None bit for bit."""
+
+    def select(self, cache, rows, round_indices):
+        planner = RoundPlanner(cache.config, range(cache.num_layers), range(cache.num_kv_heads))
+        keys = to_key_tensor([cache.request_keys[b] for b in rows])
+        prompts = [cache.prompt_length(b) for b in rows]
+        return planner.plan(prompts, keys, list(round_indices)).evicted
+
+    def after_round(self, cache, rows, plan):
+        pass
+
+
+def test_selector_path_reproduces_randkv_exactly(eager):
+    ids, mask = left_pad(PROMPTS)
+    plain = rh.generate(eager, ids, mask, randkv=CONFIG, max_new_tokens=NEW_TOKENS)
+    cache = rh.RandKVCache.from_inputs(eager, ids, mask, randkv=CONFIG, selector=_SpecSelector())
+    routed = rh.generate(eager, ids, mask, randkv=None, cache=cache, max_new_tokens=NEW_TOKENS)
+    assert torch.equal(plain, routed)
+    assert cache.rounds_applied > 0
+
+
+def _generate_with(eager, name: str):
+    ids, mask = left_pad(PROMPTS)
+    evictor = make_evictor(name)
+    cache = rh.RandKVCache.from_inputs(eager, ids, mask, randkv=CONFIG, selector=evictor)
+    with attention_hooks(eager, cache, evictor):
+        out = rh.generate(eager, ids, mask, randkv=None, cache=cache, max_new_tokens=NEW_TOKENS)
+    return ids, out, cache
+
+
+def _dense_layer0_keys(eager, sequence: list[int]) -> torch.Tensor:
+    """Layer-0 keys (after RoPE) of every position: a function of token and position only."""
+    dense = DynamicCache(config=eager.config)
+    params = inspect.signature(eager.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in 5.24
+    with torch.inference_mode():
+        eager(torch.tensor([sequence]), **{cache_kw: dense}, use_cache=True)
+    return dense.layers[0].keys[0]  # (kv_heads, T, head_dim)
+
+
+@pytest.mark.parametrize("name", SELECTORS)
+def test_evictors_keep_exactly_their_budget(eager, name):
+    """After the run, every (row, layer, head) holds exactly K + r - 1 + 1 distinct tokens per
+    the cadence, whose layer-0 keys are the dense keys of the positions it claims to hold."""
+    ids, out, cache = _generate_with(eager, name)
+    evictor = make_evictor(name)
+    k, r = CONFIG.budget, CONFIG.buffer_size
+    for row, prompt in enumerate(PROMPTS):
+        sequence = prompt + out[row, ids.shape[1] :].tolist()
+        seen = cache.tokens_seen(row)
+        assert seen == len(sequence) - 1  # the last token was never fed back
+        # Cadence: physical length K + r + ((T - K - 2r) mod r) once rounds have fired.
+        want_length = k + r + (seen - k - 2 * r) % r
+        dense_keys = _dense_layer0_keys(eager, sequence[:seen])
+        for layer in range(cache.num_layers):
+            for head in range(cache.num_kv_heads):
+                held = cache.retained_positions(row, layer, head)
+                assert len(held) == len(set(held)) == want_length
+                assert set(range(seen - r, seen)) <= set(held)  # the r newest stay
+                if evictor.protects_prompt:
+                    assert set(range(len(prompt))) <= set(held)
+                if layer == 0:
+                    keys, _ = cache.kv(row, 0)
+                    slots = cache.slot_positions(row, 0, head)
+                    torch.testing.assert_close(
+                        keys[head], dense_keys[head, list(slots)], atol=1e-5, rtol=0
+                    )
+
+
+@pytest.mark.parametrize("name", ["streamingllm", "window"])
+def test_recency_evictors_keep_the_oracle_sets(eager, name):
+    ids, out, cache = _generate_with(eager, name)
+    k, r = CONFIG.budget, CONFIG.buffer_size
+    for row, prompt in enumerate(PROMPTS):
+        seen = cache.tokens_seen(row)
+        length = k + r + (seen - k - 2 * r) % r
+        pinned = 4 if name == "streamingllm" else len(prompt)
+        want = set(range(pinned)) | set(range(seen - (length - pinned), seen))
+        for layer in range(cache.num_layers):
+            for head in range(cache.num_kv_heads):
+                assert set(cache.retained_positions(row, layer, head)) == want
+
+
+def test_randkv_noprompt_draws_over_the_prompt_too(eager):
+    """Over a run, the ablation evicts prompt tokens somewhere; RandKV never does."""
+    ids, out, cache = _generate_with(eager, "randkv-noprompt")
+    lost = 0
+    for row, prompt in enumerate(PROMPTS):
+        for layer in range(cache.num_layers):
+            for head in range(cache.num_kv_heads):
+                held = set(cache.retained_positions(row, layer, head))
+                lost += len(set(range(len(prompt))) - held)
+    assert lost > 0
+
+
+def _fake_cache(positions: torch.Tensor, prompt: int, query_slots: torch.Tensor):
+    rows, layers, heads, _ = positions.shape
+    return SimpleNamespace(
+        config=CONFIG,
+        batch_rows=rows,
+        num_layers=layers,
+        num_kv_heads=heads,
+        positions=positions,
+        last_query_slots=query_slots,
+        prompt_length=lambda row: prompt,
+    )
+
+
+def _oracle_lowest(scores: list[float], allowed: list[int], count: int) -> list[int]:
+    return sorted(sorted(allowed), key=lambda s: scores[s])[:count]
+
+
+def test_scored_selection_rules_against_python_oracles():
+    """H2O, SnapKV and TOVA on synthetic attention, against plain-Python recomputations."""
+    rng = torch.Generator().manual_seed(0)
+    k, r, cap = CONFIG.budget, CONFIG.buffer_size, CONFIG.max_physical_length
+    prompt = 5
+    # One row, one layer, two KV heads (two query heads each); slots hold shuffled positions.
+    perm = torch.cat([torch.arange(prompt), prompt + torch.randperm(cap - prompt, generator=rng)])
+    positions = torch.stack([perm, perm.flip(0).roll(prompt)])[None, None].clone()
+    positions[0, 0, 1, :prompt] = torch.arange(prompt)
+    positions[0, 0, 1, prompt:] = prompt + torch.randperm(cap - prompt, generator=rng)
+    weights = [torch.rand(1, 4, 1, cap, generator=rng) for _ in range(r)]
+    cache = _fake_cache(positions, prompt, torch.tensor([[cap - 1]]))
+    sums = sum(w[0] for w in weights)  # (4, 1, cap)
+    group = [(sums[0, 0] + sums[1, 0]).tolist(), (sums[2, 0] + sums[3, 0]).tolist()]
+
+    h2o = H2O()
+    for w in weights:
+        h2o.observe(cache, 0, w)
+    chosen = h2o.select(cache, [0], [0])[0, 0]
+    for head in range(2):
+        pos = positions[0, 0, head].tolist()
+        candidates = list(range(prompt, k + r))
+        recent = int((k + r - prompt) * 0.5) - r
+        newest = sorted(candidates, key=lambda s: -pos[s])[:recent]
+        allowed = [s for s in candidates if s not in newest]
+        assert chosen[head].tolist() == _oracle_lowest(group[head], allowed, r)
+
+    snap = SnapKV(kernel=3)
+    for w in weights:
+        snap.observe(cache, 0, w)  # the query sits in a buffer slot, so every step votes
+    chosen = snap.select(cache, [0], [0])[0, 0]
+    for head in range(2):
+        pos = positions[0, 0, head].tolist()
+        by_position = {p: group[head][s] for s, p in enumerate(pos)}
+        pooled = [
+            max(by_position.get(pos[s] + d, float("-inf")) for d in (-1, 0, 1)) for s in range(cap)
+        ]
+        assert chosen[head].tolist() == _oracle_lowest(pooled, list(range(prompt, k + r)), r)
+
+    tova = TOVA()
+    for w in weights:
+        tova.observe(cache, 0, w)
+    chosen = tova.select(cache, [0], [0])[0, 0]
+    last = weights[-1][0, :, 0].mean(0).tolist()
+    for head in range(2):
+        assert chosen[head].tolist() == _oracle_lowest(last, list(range(prompt, k + r)), r)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_tiny_evaluation_runs_every_evictor(tmp_path, ckpt):
+    config = quality_eval.EvalConfig(
+        budgets=(28, 40),
+        buffer=4,
+        seeds=(0, 1),
+        problems=3,
+        num_keys=6,
+        hops=12,
+        batch_size=2,
+        threads=1,
+    )
+    result = quality_eval.evaluate(config, model_path=ckpt, out_dir=tmp_path, show_progress=False)
+    saved = json.loads((tmp_path / "quality.json").read_text())
+    assert saved["schema_version"] == quality_eval.SCHEMA_VERSION
+    assert (tmp_path / "quality.png").stat().st_size > 1000
+    names = {(row["evictor"], row["budget"]) for row in saved["results"]}
+    assert (DENSE, None) in names
+    for name in EVICTORS:
+        for budget in (28, 40):
+            assert (name, budget) in names
+    for row in saved["results"]:
+        assert 0 <= row["ci_low"] <= row["accuracy"] <= row["ci_high"] <= 1
+        if row["evictor"] not in (DENSE, "randkv"):
+            assert "vs_randkv" in row
+    seeds = {(run["evictor"], run["seed"]) for run in saved["per_problem"]}
+    assert ("randkv", 1) in seeds and ("h2o", None) in seeds
+    assert result["results"] == saved["results"]
