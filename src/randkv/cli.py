@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)
+    from randkv.quality.cli import add_quality_commands
+
+    add_quality_commands(commands)
     return parser
 
 

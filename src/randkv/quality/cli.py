@@ -1,0 +1,107 @@
+"""The `randkv quality` command group: `train` and `eval`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_quality_commands"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.replace(",", " ").split())
+    except ValueError as error:
+        message = f"expected integers like 64,96,128; got {text!r}"
+        raise argparse.ArgumentTypeError(message) from error
+
+
+def _train(args: argparse.Namespace) -> None:
+    from randkv.quality.model import shipped_checkpoint
+    from randkv.quality.train import TrainConfig, train
+
+    config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads)
+    out = args.out or str(shipped_checkpoint())
+    bar: Any = None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.steps, unit="step", dynamic_ncols=True)
+    except ImportError:
+        pass
+
+    def progress(step: int, loss: float, accuracy: float) -> None:
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", token_acc=f"{accuracy:.4f}")
+
+    record = train(out, config, progress=progress)
+    if bar is not None:
+        bar.close()
+    summary = {k: v for k, v in record.items() if k != "history"}
+    print(json.dumps({"checkpoint": out, **summary}, indent=2))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from randkv.quality.evaluate import EvalConfig, evaluate
+    from randkv.quality.evictors import DENSE, EVICTORS
+
+    evictors = tuple(args.evictors.split(",")) if args.evictors else (DENSE, *EVICTORS)
+    config = EvalConfig(
+        budgets=args.budgets,
+        buffer=args.buffer,
+        seeds=args.seeds,
+        problems=args.problems,
+        num_keys=args.keys,
+        hops=args.hops,
+        evictors=evictors,
+        batch_size=args.batch_size,
+        threads=args.threads,
+    )
+    result = evaluate(config, model_path=args.model, out_dir=args.results)
+    print(f"{'evictor':<16} {'K':>5} {'accuracy':>9}  95% CI          vs randkv (diff, sign p)")
+    for row in result["results"]:
+        paired = row.get("vs_randkv")
+        versus = ""
+        if paired:
+            versus = f"{paired['mean_difference']:+.3f}, p={paired['sign_test_p']:.3g}"
+        budget = "-" if row["budget"] is None else row["budget"]
+        print(
+            f"{row['evictor']:<16} {budget:>5} {row['accuracy']:>9.3f}  "
+            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]  {versus}"
+        )
+    print(f"results: {args.results}/quality.json, {args.results}/quality.png", file=sys.stderr)
+
+
+def add_quality_commands(commands: Any) -> None:
+    """Add `quality train` and `quality eval` to the top-level subparsers."""
+    from randkv.quality.evaluate import EvalConfig
+    from randkv.quality.train import TrainConfig
+
+    defaults, train_defaults = EvalConfig(), TrainConfig()
+    quality = commands.add_parser(
+        "quality", help="RandKV beside scored evictors on a trained long-generation task"
+    ).add_subparsers(dest="quality", required=True)
+
+    train = quality.add_parser("train", help="train the tally-chain model on CPU")
+    train.add_argument("--out", default=None, help="checkpoint folder (default: the shipped one)")
+    train.add_argument("--seed", type=int, default=train_defaults.seed)
+    train.add_argument("--steps", type=int, default=train_defaults.steps)
+    train.add_argument("--threads", type=int, default=train_defaults.threads)
+    train.set_defaults(func=_train)
+
+    ev = quality.add_parser("eval", help="exact-match accuracy per evictor and budget")
+    ev.add_argument("--model", default=None, help="checkpoint folder (default: the shipped one)")
+    ev.add_argument("--budgets", type=_ints, default=defaults.budgets, help="K values: 64,96")
+    ev.add_argument("--buffer", type=int, default=defaults.buffer, help="r")
+    ev.add_argument("--seeds", type=_ints, default=defaults.seeds, help="eviction seeds: 0,1,2")
+    ev.add_argument("--problems", type=int, default=defaults.problems)
+    ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
+    ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")
+    ev.add_argument("--evictors", default=None, help="comma-separated (default: all)")
+    ev.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    ev.add_argument("--threads", type=int, default=defaults.threads)
+    ev.add_argument("--results", default="results/quality", help="folder for JSON and PNG")
+    ev.set_defaults(func=_eval)
