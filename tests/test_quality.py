@@ -286,9 +286,8 @@ def test_scored_selection_rules_against_python_oracles():
     for head in range(2):
         pos = positions[0, 0, head].tolist()
         by_position = {p: group[head][s] for s, p in enumerate(pos)}
-        pooled = [
-            max(by_position.get(pos[s] + d, float("-inf")) for d in (-1, 0, 1)) for s in range(cap)
-        ]
+        # Average of the three neighbours in position order; missing neighbours count as 0.
+        pooled = [sum(by_position.get(pos[s] + d, 0.0) for d in (-1, 0, 1)) / 3 for s in range(cap)]
         assert chosen[head].tolist() == _oracle_lowest(pooled, list(range(prompt, k + r)), r)
 
     tova = TOVA()

@@ -48,8 +48,8 @@ HOP_CHARS = 4  # "k", "d", "v", " "
 class TaskConfig:
     """Difficulty knobs. Prompt: 4 * num_keys + 3 characters; answer: 4 * hops characters."""
 
-    num_keys: int = 16
-    hops: int = 96
+    num_keys: int = 10
+    hops: int = 48
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_keys <= len(KEY_ALPHABET):

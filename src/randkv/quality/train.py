@@ -37,15 +37,15 @@ class TrainConfig:
     """Optimisation settings of `randkv quality train` (defaults: the shipped checkpoint)."""
 
     seed: int = 0
-    steps: int = 1200
-    batch_size: int = 16
+    steps: int = 1000
+    batch_size: int = 12
     lr: float = 3e-3
     warmup: int = 60
     weight_decay: float = 0.01
     min_keys: int = 4
-    max_keys: int = 16
+    max_keys: int = 12
     min_hops: int = 16
-    max_hops: int = 72
+    max_hops: int = 56
     threads: int = 2
 
 
@@ -124,7 +124,7 @@ def train(
             accuracy = float((logits.argmax(-1) == target)[known].float().mean())
         history.append({"step": step, "loss": round(loss.item(), 5), "acc": round(accuracy, 5)})
         if progress is not None:
-            progress(step, float(loss), accuracy)
+            progress(step, loss.item(), accuracy)
     seconds = time.perf_counter() - start
     record = {
         "train_config": asdict(config),

@@ -17,15 +17,15 @@ class SnapKV(AttentionScored):
     """Score = attention from the observation window, the r newest tokens (exactly the tokens
     written since the previous round, which sit in slots K + r .. K + 2r - 1), summed over the
     window's queries and the query heads of each KV head's group, then pooled over neighbouring
-    positions (the paper's clustering step; max pooling, kernel 7) so that kept tokens come
-    with their context. Each round empties the r lowest-scoring candidates.
+    positions (the paper's clustering step; average pooling with kernel 5, the defaults of the
+    authors' code) so that kept tokens come with their context. Each round empties the r lowest-scoring candidates.
 
     SnapKV compresses the prompt once after prefill; applied on the decode cadence, every
     round is one SnapKV compression whose window is the buffer. The prompt is protected by
     default (the same candidates as RandKV).
     """
 
-    def __init__(self, protect_prompt: bool = True, kernel: int = 7) -> None:
+    def __init__(self, protect_prompt: bool = True, kernel: int = 5) -> None:
         super().__init__()
         if kernel % 2 == 0:
             raise ValueError("the pooling kernel must be odd")
@@ -57,7 +57,7 @@ class SnapKV(AttentionScored):
         in_order = votes.gather(-1, order)
         flat = in_order.reshape(-1, 1, limit)
         pad = self.kernel // 2
-        pooled = torch.nn.functional.max_pool1d(flat, self.kernel, stride=1, padding=pad)
+        pooled = torch.nn.functional.avg_pool1d(flat, self.kernel, stride=1, padding=pad)
         pooled = pooled.reshape(in_order.shape)
         smoothed = torch.empty_like(votes).scatter_(-1, order, pooled)
         candidates = cache.config.compacted_length
