@@ -18,7 +18,8 @@ class SnapKV(AttentionScored):
     written since the previous round, which sit in slots K + r .. K + 2r - 1), summed over the
     window's queries and the query heads of each KV head's group, then pooled over neighbouring
     positions (the paper's clustering step; average pooling with kernel 5, the defaults of the
-    authors' code) so that kept tokens come with their context. Each round empties the r lowest-scoring candidates.
+    authors' code) so that kept tokens come with their context. Each round empties the r
+    lowest-scoring candidates.
 
     SnapKV compresses the prompt once after prefill; applied on the decode cadence, every
     round is one SnapKV compression whose window is the buffer. The prompt is protected by
