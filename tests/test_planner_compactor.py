@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from randkv import RandKVConfig, num_rounds, slot_positions, spec
 from randkv.compactor import KVLayout, PagedCompactor
-from randkv.planner import RoundPlanner, plan_round
+from randkv.planner import RoundPlanner, plan_round, to_key_tensor
 from randkv.slotmap import SlotPositionMap
 
 
@@ -55,6 +55,9 @@ def test_planner_is_bit_identical_to_the_spec(batch):
                 )
                 assert tuple(plan.evicted[b, li, hi].tolist()) == expected
     assert plan.sources.tolist() == list(spec.source_slots(config))
+    # Keys as an int64 tensor take the all-tensor hashing path: same plan.
+    tensor_path = RoundPlanner(config, layers, heads).plan(prompts, to_key_tensor(keys), rounds)
+    assert torch.equal(tensor_path.evicted, plan.evicted)
 
 
 def test_planner_handles_streams_that_need_many_draws():

@@ -122,8 +122,6 @@ class RoundPlanner:
         tensor of their bit patterns (see `to_key_tensor`).
         """
         config, r, device = self.config, self.config.buffer_size, self.device
-        if not isinstance(request_keys, torch.Tensor):
-            request_keys = to_key_tensor(request_keys, device)
         prompts = torch.as_tensor(prompt_lengths, dtype=torch.int64, device=device)
         rounds = torch.as_tensor(round_indices, dtype=torch.int64, device=device)
         batch = prompts.numel()
@@ -134,7 +132,18 @@ class RoundPlanner:
         config.check_prompt(longest)
         if shortest < 0:
             raise ValueError(f"prompt lengths must be >= 0, got {shortest}")
-        streams = self.stream_keys(request_keys.to(device), rounds).reshape(-1)
+        if isinstance(request_keys, torch.Tensor):
+            streams = self.stream_keys(request_keys.to(device), rounds)
+        else:
+            # A few requests per call (the engine's case): per-request states in Python
+            # ints are exactly the spec's and save two dozen tiny tensor ops.
+            states = [
+                _signed(spec.request_state(config.seed, key, index))
+                for key, index in zip(request_keys, rounds.tolist(), strict=True)
+            ]
+            state_t = torch.tensor(states, dtype=torch.int64, device=device)
+            streams = fold_key(state_t[:, None, None], self._site_states)
+        streams = streams.reshape(-1)
         candidates = config.compacted_length - prompts  # n per request, >= r
         sites = len(self.layers) * len(self.kv_heads)
         n = candidates.repeat_interleave(sites)[:, None]

@@ -21,7 +21,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner, to_key_tensor
+from randkv.planner import RoundPlanner
 from randkv.slotmap import SlotPositionMap
 from randkv.vllm.engine_args import UnsupportedModeError, config_from_vllm
 from randkv.vllm.messages import RandKVStepPlan
@@ -158,7 +158,7 @@ class RandKVRunnerMixin:
         start = time.perf_counter()
         round_plan = self.randkv_planner.plan(
             [d.prompt_length for d in directives],
-            to_key_tensor([d.request_key for d in directives]),
+            [d.request_key for d in directives],  # Python ints: the planner's fast path
             [d.round_index for d in directives],
         )
         planned = time.perf_counter()
