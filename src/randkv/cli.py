@@ -74,6 +74,91 @@ def _bench_hf(args: argparse.Namespace) -> None:
     )
 
 
+def _range(text: str) -> tuple[int, int]:
+    """`LOW-HIGH` or `N` as an inclusive range."""
+    low, _, high = text.partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected N or LOW-HIGH, got {text!r}") from error
+
+
+def _bench_serve_settings(args: argparse.Namespace) -> Any:
+    from pathlib import Path
+
+    from randkv.bench.serve import ServeBench
+    from randkv.bench.workload import WorkloadSpec
+    from randkv.config import RandKVConfig
+
+    return ServeBench(
+        model=args.model,
+        workload=WorkloadSpec(
+            requests=args.requests,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            seed=args.seed,
+        ),
+        randkv=RandKVConfig(budget=args.budget, buffer_size=args.buffer, seed=args.randkv_seed),
+        pool_blocks=args.pool_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        results_dir=Path(args.results),
+    )
+
+
+def _bench_serve(args: argparse.Namespace) -> None:
+    from randkv.bench import serve
+
+    result = serve.run(_bench_serve_settings(args))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(serve.format_table(result))
+    print(f"results: {args.results}/result.json, {args.results}/timeline.png")
+
+
+def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The iso-memory workload and pool; `defaults` override for the short demo version."""
+    values = {
+        "requests": 32,
+        "prompt_tokens": (16, 48),
+        "output_tokens": (768, 1536),
+        "budget": 128,
+        "buffer": 32,
+        "pool_blocks": 200,
+        "max_num_seqs": 16,
+        **defaults,
+    }
+    parser.add_argument("--model", default=None, help="checkpoint path or id (default: tiny)")
+    parser.add_argument("--requests", type=int, default=values["requests"])
+    parser.add_argument(
+        "--prompt-tokens", type=_range, default=values["prompt_tokens"], metavar="LOW-HIGH"
+    )
+    parser.add_argument(
+        "--output-tokens", type=_range, default=values["output_tokens"], metavar="LOW-HIGH"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
+    parser.add_argument("--budget", type=int, default=values["budget"], help="RandKV K")
+    parser.add_argument("--buffer", type=int, default=values["buffer"], help="RandKV r")
+    parser.add_argument("--randkv-seed", type=int, default=0)
+    parser.add_argument(
+        "--pool-blocks",
+        type=int,
+        default=values["pool_blocks"],
+        help="KV blocks of both arms",
+    )
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=values["max_num_seqs"])
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="default: the longest request"
+    )
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+
+
 def _demo(args: argparse.Namespace) -> None:
     from randkv import demo
 
@@ -139,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's OpenAI-compatible server with RandKV (randkv serve MODEL --help)",
         add_help=False,
     )
+    serve_bench = bench.add_parser(
+        "serve", help="iso-memory serving benchmark: plain vLLM vs vLLM + RandKV over HTTP"
+    )
+    _add_serve_bench_args(serve_bench)
+    serve_bench.add_argument("--results", default="results/bench-serve")
+    serve_bench.add_argument("--json", action="store_true", help="print the JSON result")
+    serve_bench.set_defaults(func=_bench_serve)
     demo = commands.add_parser("demo", help="core benchmarks and a short engine comparison")
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")

@@ -56,15 +56,27 @@ def serve_argv(
 class Server:
     """One `randkv serve` process. Use `running_server(...)`, which stops it."""
 
-    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        port: int,
+        log_path: Path,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.argv = argv
         self.port = port
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
         env = dict(os.environ)
-        # The server runs vLLM's normal multi-process layout and its own metrics directory.
-        for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "PROMETHEUS_MULTIPROC_DIR"):
+        # The server runs vLLM's normal multi-process layout, its own metrics directory, and
+        # no test-only slot tracking.
+        for name in (
+            "VLLM_ENABLE_V1_MULTIPROCESSING",
+            "PROMETHEUS_MULTIPROC_DIR",
+            "RANDKV_TRACK_POSITIONS",
+        ):
             env.pop(name, None)
+        env.update(extra_env or {})
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
@@ -113,9 +125,10 @@ def running_server(
     engine_args: Mapping[str, Any],
     log_path: Path,
     timeout: float = 300.0,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
     port = free_port()
-    server = Server(serve_argv(model, randkv, engine_args, port), port, log_path)
+    server = Server(serve_argv(model, randkv, engine_args, port), port, log_path, extra_env)
     try:
         server.wait_ready(timeout)
         yield server
@@ -123,12 +136,15 @@ def running_server(
         server.stop()
 
 
-def scrape_metrics(base_url: str, client: httpx.Client | None = None) -> dict[str, float]:
-    """Every sample on /metrics, summed over labels, by sample name (`..._total`, ...)."""
-    getter = client.get if client is not None else httpx.get
-    text = getter(f"{base_url}/metrics", timeout=10.0).text
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text page, summed over labels, by sample name
+    (`..._total`, gauges, `..._sum`/`..._count`; summed histogram buckets mean nothing)."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
+
+
+def scrape_metrics(base_url: str) -> dict[str, float]:
+    return parse_metrics(httpx.get(f"{base_url}/metrics", timeout=10.0).text)

@@ -27,6 +27,7 @@ from randkv.vllm.engine_args import (
 from randkv.vllm.messages import RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVMetrics
 from randkv.vllm.request_key import derive_request_key
+from randkv.vllm.timeline import TimelineMixin
 
 logger = init_logger("vllm.randkv.scheduler")
 
@@ -139,7 +140,7 @@ class RandKVCacheManager(KVCacheManager):
         return self.create_kv_cache_blocks(new_blocks)
 
 
-class RandKVScheduler(Scheduler):
+class RandKVScheduler(TimelineMixin, Scheduler):
     """vLLM's scheduler with RandKV's cadence: chunks end at round boundaries, rounds are
     announced to the workers, tail blocks are freed the step a round fires."""
 
@@ -161,6 +162,7 @@ class RandKVScheduler(Scheduler):
         # RandKV uses it to end each chunk at the next round boundary.
         self.need_mamba_block_aligned_split = True
         self._new_keys: dict[str, int] = {}
+        self._open_timeline()
         logger.info(
             "RandKV on: budget K=%d, buffer r=%d, seed=%d; at most %d tokens of KV per request",
             config.budget,

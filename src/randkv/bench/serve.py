@@ -1,0 +1,331 @@
+"""`randkv bench serve`: the iso-memory serving benchmark.
+
+Same model, same KV pool (a fixed number of blocks), same seeded request mix, same
+max_num_seqs: plain vLLM and vLLM + RandKV are each served by `randkv serve` on loopback, in
+one invocation, and driven over HTTP with streaming completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from randkv.bench.loadgen import RequestTrace, run_load
+from randkv.bench.serve_schema import SCHEMA_NAME, SCHEMA_VERSION, validate
+from randkv.bench.server import Server, running_server
+from randkv.bench.timing import machine_info
+from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
+from randkv.config import RandKVConfig
+from randkv.vllm.timeline import TIMELINE_ENV, TimelineScheduler, read_timeline
+
+TARGET_THROUGHPUT_RATIO = 2.0
+TARGET_EVICTION_SHARE = 0.05
+ARMS = ("plain", "randkv")
+
+
+@dataclass(frozen=True)
+class ServeBench:
+    """Everything both arms share, plus RandKV's settings for the second arm."""
+
+    model: str | None = None  # None: the tiny local checkpoint
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    randkv: RandKVConfig = field(default_factory=lambda: RandKVConfig(budget=128, buffer_size=32))
+    pool_blocks: int = 200
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_model_len: int | None = None  # None: the longest request of the workload
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.2
+    results_dir: Path = Path("results/bench-serve")
+
+    def model_len(self) -> int:
+        """vLLM refuses a max_model_len whose one sequence does not fit in the pool."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.workload.prompt_tokens[1] + self.workload.output_tokens[1]
+
+    def engine_args(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "block_size": self.block_size,
+            "num_gpu_blocks_override": self.pool_blocks,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.model_len(),
+            "max_num_seqs": self.max_num_seqs,
+            "enforce_eager": True,
+            "seed": 0,
+        }
+
+    def check(self, requests: list[BenchRequest]) -> None:
+        longest_prompt = max(len(r.prompt_token_ids) for r in requests)
+        if longest_prompt > self.randkv.budget:
+            raise ValueError(
+                f"a prompt of {longest_prompt} tokens exceeds the RandKV budget "
+                f"K={self.randkv.budget}; lower --prompt-tokens or raise --budget"
+            )
+        longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+        if longest > self.model_len():
+            raise ValueError(
+                f"a request reaches {longest} tokens, over --max-model-len {self.model_len()}"
+            )
+        one_request = -(-self.model_len() // self.block_size)
+        if one_request > self.pool_blocks - 1:
+            raise ValueError(
+                f"plain vLLM needs {one_request} blocks for one request of max_model_len "
+                f"{self.model_len()} tokens, but the pool has {self.pool_blocks - 1} usable "
+                "blocks; raise --pool-blocks or shorten --output-tokens"
+            )
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    data = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(data, [50, 90, 99])
+    return {"mean": float(data.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _time_mean(t: list[float], values: list[float]) -> float:
+    """Time-weighted mean of a sampled step function."""
+    if len(t) < 2:
+        return float(values[0]) if values else 0.0
+    widths = np.diff(np.asarray(t))
+    return float(np.sum(np.asarray(values[:-1]) * widths) / np.sum(widths))
+
+
+def _wait_idle(server: Server, timeout: float = 60.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        values = server.metrics()
+        if values.get("vllm:num_requests_running", 0) == 0 or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+def _timeline(
+    rows: list[tuple[float, int, int, int]], start_unix: float, makespan: float
+) -> dict[str, list[float]]:
+    """The scheduler's per-step record during the run, in seconds since its start."""
+    kept = [row for row in rows if start_unix <= row[0] <= start_unix + makespan]
+    return {
+        "t_s": [row[0] - start_unix for row in kept],
+        "running_requests": [float(row[1]) for row in kept],
+        "waiting_requests": [float(row[2]) for row in kept],
+        "kv_blocks": [float(row[3]) for row in kept],
+    }
+
+
+def _summarize(
+    randkv: RandKVConfig | None,
+    traces: list[RequestTrace],
+    timeline: dict[str, list[float]],
+    makespan: float,
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    done = [t for t in traces if t.error is None and t.finish_reason is not None]
+    tokens = sum(t.output_tokens for t in done)
+    eviction = None
+    if randkv is not None:
+        planning = delta("randkv:planning_seconds_total")
+        compaction = delta("randkv:compaction_seconds_total")
+        step = delta("randkv:step_seconds_total")
+        eviction = {
+            "rounds": int(delta("randkv:rounds_total")),
+            "planning_s": planning,
+            "compaction_s": compaction,
+            "step_s": step,
+            "share_of_step_time": (planning + compaction) / step if step > 0 else 0.0,
+        }
+    itl = [gap for t in done for gap in t.inter_token_latencies()]
+    return {
+        "randkv": None if randkv is None else dataclasses.asdict(randkv),
+        "requests_sent": len(traces),
+        "requests_completed": len(done),
+        "requests_failed": len(traces) - len(done),
+        "output_tokens": tokens,
+        "duration_s": makespan,
+        "output_tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
+        "running_requests_mean": _time_mean(timeline["t_s"], timeline["running_requests"]),
+        "running_requests_peak": max(timeline["running_requests"], default=0.0),
+        "preemptions": int(delta("vllm:num_preemptions_total")),
+        "kv_blocks_peak": int(max(timeline["kv_blocks"], default=0)),
+        "kv_blocks_mean": _time_mean(timeline["t_s"], timeline["kv_blocks"]),
+        "ttft_s": _percentiles([t.ttft for t in done if t.ttft is not None]),
+        "itl_s": _percentiles(itl),
+        "tpot_s": _percentiles([t.tpot for t in done if t.tpot is not None]),
+        "eviction": eviction,
+        "timeline": timeline,
+    }
+
+
+def run_arm(
+    bench: ServeBench,
+    model: str,
+    randkv: RandKVConfig | None,
+    requests: list[BenchRequest],
+    name: str,
+    progress_factory: Any,
+) -> dict[str, Any]:
+    log = bench.results_dir / f"server-{name}.log"
+    timeline_file = bench.results_dir / f"timeline-{name}.txt"
+    timeline_file.unlink(missing_ok=True)
+    engine_args = bench.engine_args()
+    if randkv is None:
+        engine_args["scheduler_cls"] = TimelineScheduler.__module__ + ".TimelineScheduler"
+    env = {TIMELINE_ENV: str(timeline_file.resolve())}
+    with running_server(model, randkv, engine_args, log, extra_env=env) as server:
+        warmup = [BenchRequest(-1, requests[0].prompt_token_ids, 8)]
+        asyncio.run(run_load(server.base_url, warmup, progress=_Null()))
+        before = _wait_idle(server)
+        with progress_factory(total=len(requests), desc=f"{name:>6}", unit="req") as progress:
+            traces, start_unix, makespan = asyncio.run(
+                run_load(server.base_url, requests, progress=progress)
+            )
+        after = _wait_idle(server)
+    timeline = _timeline(read_timeline(timeline_file), start_unix, makespan)
+    return _summarize(randkv, traces, timeline, makespan, before, after)
+
+
+class _Null:
+    def update(self, n: int) -> None:
+        pass
+
+
+def _ratio(ours: float, plain: float) -> float | None:
+    return ours / plain if plain else None
+
+
+def assemble(bench: ServeBench, model: str, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    plain, ours = arms["plain"], arms["randkv"]
+    ratios = {
+        "output_tokens_per_s": _ratio(ours["output_tokens_per_s"], plain["output_tokens_per_s"]),
+        "running_requests_mean": _ratio(
+            ours["running_requests_mean"], plain["running_requests_mean"]
+        ),
+        "kv_blocks_peak": _ratio(ours["kv_blocks_peak"], plain["kv_blocks_peak"]),
+        "ttft_p50": _ratio(ours["ttft_s"]["p50"], plain["ttft_s"]["p50"]),
+        "itl_p50": _ratio(ours["itl_s"]["p50"], plain["itl_s"]["p50"]),
+        "tpot_p50": _ratio(ours["tpot_s"]["p50"], plain["tpot_s"]["p50"]),
+    }
+    share = ours["eviction"]["share_of_step_time"]
+    preempted = plain["preemptions"] > 0
+    met = (
+        preempted
+        and (ratios["output_tokens_per_s"] or 0) >= TARGET_THROUGHPUT_RATIO
+        and share < TARGET_EVICTION_SHARE
+        and ours["requests_failed"] == 0
+    )
+    return {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "versions": {
+            "randkv": importlib.metadata.version("randkv"),
+            "vllm": _vllm_version(),
+            "torch": importlib.metadata.version("torch"),
+        },
+        "model": model,
+        "engine": {
+            "pool_blocks": bench.pool_blocks,
+            "block_size": bench.block_size,
+            "max_num_seqs": bench.max_num_seqs,
+            "max_model_len": bench.model_len(),
+            "dtype": bench.dtype,
+        },
+        "workload": bench.workload.to_json(),
+        "arms": arms,
+        "ratios": ratios,
+        "targets": {
+            "min_throughput_ratio": TARGET_THROUGHPUT_RATIO,
+            "max_eviction_share": TARGET_EVICTION_SHARE,
+            "plain_preempted": preempted,
+            "met": bool(met),
+        },
+    }
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
+    """Both arms, then JSON (`result.json`) and the timeline plot (`timeline.png`)."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from randkv.bench.plots import plot_timeline
+
+    model = bench.model
+    if model is None:
+        from randkv.models import build_tiny_checkpoint
+
+        model = str(build_tiny_checkpoint())
+    requests = build_requests(bench.workload, AutoTokenizer.from_pretrained(model))
+    bench.check(requests)
+    bench.results_dir.mkdir(parents=True, exist_ok=True)
+
+    def progress_factory(**kwargs: Any) -> Any:
+        return tqdm(disable=not progress, **kwargs)
+
+    arms = {
+        name: run_arm(bench, model, config, requests, name, progress_factory)
+        for name, config in (("plain", None), ("randkv", bench.randkv))
+    }
+    result = assemble(bench, model, arms)
+    validate(result)
+    (bench.results_dir / "result.json").write_text(json.dumps(result, indent=2))
+    plot_timeline(result, bench.results_dir / "timeline.png")
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The side-by-side table printed by `randkv bench serve` and the demo."""
+    plain, ours = result["arms"]["plain"], result["arms"]["randkv"]
+    rows = [
+        ("output tokens/s", "output_tokens_per_s", "{:.0f}"),
+        ("requests completed", "requests_completed", "{:d}"),
+        ("mean running requests", "running_requests_mean", "{:.1f}"),
+        ("peak running requests", "running_requests_peak", "{:.0f}"),
+        ("preemptions", "preemptions", "{:d}"),
+        ("peak KV blocks", "kv_blocks_peak", "{:d}"),
+        ("duration (s)", "duration_s", "{:.1f}"),
+    ]
+    lines = [f"{'':24s}{'plain vLLM':>14s}{'vLLM + RandKV':>16s}{'ratio':>9s}"]
+    for label, key, fmt in rows:
+        a, b = plain[key], ours[key]
+        ratio = f"{b / a:.2f}x" if a else "-"
+        lines.append(f"{label:24s}{fmt.format(a):>14s}{fmt.format(b):>16s}{ratio:>9s}")
+    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s")):
+        for pct in ("p50", "p90", "p99"):
+            a, b = plain[key][pct] * 1e3, ours[key][pct] * 1e3
+            ratio = f"{b / a:.2f}x" if a else "-"
+            lines.append(f"{f'{label} {pct} (ms)':24s}{a:>14.1f}{b:>16.1f}{ratio:>9s}")
+    eviction = ours["eviction"]
+    lines.append(
+        f"RandKV: {eviction['rounds']} rounds, planning {eviction['planning_s']:.2f} s + "
+        f"compaction {eviction['compaction_s']:.2f} s = "
+        f"{100 * eviction['share_of_step_time']:.2f}% of step time"
+    )
+    targets = result["targets"]
+    lines.append(
+        f"target (>= {targets['min_throughput_ratio']:.0f}x tokens/s with plain vLLM "
+        f"preempting, eviction < {100 * targets['max_eviction_share']:.0f}% of step time): "
+        + ("met" if targets["met"] else "NOT met")
+    )
+    return "\n".join(lines)

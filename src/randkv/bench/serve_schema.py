@@ -1,0 +1,179 @@
+"""The versioned JSON schema of `randkv bench serve` results.
+
+Bump SCHEMA_VERSION on any change a reader would notice (renamed or removed field, changed
+meaning or unit); adding an optional field does not need a bump.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_NAME = "randkv.bench.serve"
+SCHEMA_VERSION = 1
+
+_NUMBER = {"type": "number"}
+_COUNT = {"type": "integer", "minimum": 0}
+_NONNEG = {"type": "number", "minimum": 0}
+_PERCENTILES = {
+    "type": "object",
+    "required": ["mean", "p50", "p90", "p99"],
+    "properties": {key: _NONNEG for key in ("mean", "p50", "p90", "p99")},
+    "additionalProperties": False,
+}
+_SERIES = {"type": "array", "items": _NUMBER}
+
+ARM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "randkv",
+        "requests_sent",
+        "requests_completed",
+        "requests_failed",
+        "output_tokens",
+        "duration_s",
+        "output_tokens_per_s",
+        "running_requests_mean",
+        "running_requests_peak",
+        "preemptions",
+        "kv_blocks_peak",
+        "kv_blocks_mean",
+        "ttft_s",
+        "itl_s",
+        "tpot_s",
+        "eviction",
+        "timeline",
+    ],
+    "properties": {
+        "randkv": {"type": ["object", "null"]},
+        "requests_sent": _COUNT,
+        "requests_completed": _COUNT,
+        "requests_failed": _COUNT,
+        "output_tokens": _COUNT,
+        "duration_s": _NONNEG,
+        "output_tokens_per_s": _NONNEG,
+        "running_requests_mean": _NONNEG,
+        "running_requests_peak": _NONNEG,
+        "preemptions": _COUNT,
+        "kv_blocks_peak": _COUNT,
+        "kv_blocks_mean": _NONNEG,
+        "ttft_s": _PERCENTILES,
+        "itl_s": _PERCENTILES,  # gaps between streamed chunks, as the client reads them
+        "tpot_s": _PERCENTILES,  # per request: (last token - first token) / (tokens - 1)
+        "eviction": {
+            "type": ["object", "null"],
+            "required": [
+                "rounds",
+                "planning_s",
+                "compaction_s",
+                "step_s",
+                "share_of_step_time",
+            ],
+            "properties": {
+                "rounds": _COUNT,
+                "planning_s": _NONNEG,
+                "compaction_s": _NONNEG,
+                "step_s": _NONNEG,
+                "share_of_step_time": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+        },
+        "timeline": {
+            "type": "object",
+            "required": ["t_s", "running_requests", "waiting_requests", "kv_blocks"],
+            "properties": {
+                "t_s": _SERIES,
+                "running_requests": _SERIES,
+                "waiting_requests": _SERIES,
+                "kv_blocks": _SERIES,
+            },
+        },
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "randkv bench serve result",
+    "type": "object",
+    "required": [
+        "schema",
+        "schema_version",
+        "created",
+        "machine",
+        "versions",
+        "model",
+        "engine",
+        "workload",
+        "arms",
+        "ratios",
+        "targets",
+    ],
+    "properties": {
+        "schema": {"const": SCHEMA_NAME},
+        "schema_version": {"const": SCHEMA_VERSION},
+        "created": {"type": "string"},
+        "machine": {"type": "object"},
+        "versions": {
+            "type": "object",
+            "required": ["randkv", "vllm", "torch"],
+            "properties": {key: {"type": "string"} for key in ("randkv", "vllm", "torch")},
+        },
+        "model": {"type": "string"},
+        "engine": {
+            "type": "object",
+            "required": ["pool_blocks", "block_size", "max_num_seqs", "max_model_len", "dtype"],
+        },
+        "workload": {
+            "type": "object",
+            "required": ["requests", "prompt_tokens", "output_tokens", "seed"],
+        },
+        "arms": {
+            "type": "object",
+            "required": ["plain", "randkv"],
+            "properties": {"plain": ARM_SCHEMA, "randkv": ARM_SCHEMA},
+            "additionalProperties": False,
+        },
+        "ratios": {
+            "type": "object",
+            "required": [
+                "output_tokens_per_s",
+                "running_requests_mean",
+                "kv_blocks_peak",
+                "ttft_p50",
+                "itl_p50",
+                "tpot_p50",
+            ],
+            "properties": {
+                key: {"type": ["number", "null"]}
+                for key in (
+                    "output_tokens_per_s",
+                    "running_requests_mean",
+                    "kv_blocks_peak",
+                    "ttft_p50",
+                    "itl_p50",
+                    "tpot_p50",
+                )
+            },
+        },
+        "targets": {
+            "type": "object",
+            "required": [
+                "min_throughput_ratio",
+                "max_eviction_share",
+                "plain_preempted",
+                "met",
+            ],
+            "properties": {
+                "min_throughput_ratio": _NUMBER,
+                "max_eviction_share": _NUMBER,
+                "plain_preempted": {"type": "boolean"},
+                "met": {"type": "boolean"},
+            },
+        },
+    },
+}
+
+
+def validate(result: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError when `result` does not follow SCHEMA."""
+    import jsonschema
+
+    jsonschema.validate(result, SCHEMA)
