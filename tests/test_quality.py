@@ -317,6 +317,8 @@ def test_tiny_evaluation_runs_every_evictor(tmp_path, ckpt):
     saved = json.loads((tmp_path / "quality.json").read_text())
     assert saved["schema_version"] == quality_eval.SCHEMA_VERSION
     assert (tmp_path / "quality.png").stat().st_size > 1000
+    table = (tmp_path / "quality.md").read_text()
+    assert "| randkv |" in table and "| h2o |" in table and "K = 40" in table
     names = {(row["evictor"], row["budget"]) for row in saved["results"]}
     assert (DENSE, None) in names
     for name in EVICTORS:

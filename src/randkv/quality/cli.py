@@ -47,6 +47,7 @@ def _train(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from randkv.quality.evaluate import EvalConfig, evaluate
     from randkv.quality.evictors import DENSE, EVICTORS
+    from randkv.quality.report import markdown_tables
 
     evictors = tuple(args.evictors.split(",")) if args.evictors else (DENSE, *EVICTORS)
     config = EvalConfig(
@@ -61,18 +62,8 @@ def _eval(args: argparse.Namespace) -> None:
         threads=args.threads,
     )
     result = evaluate(config, model_path=args.model, out_dir=args.results)
-    print(f"{'evictor':<16} {'K':>5} {'accuracy':>9}  95% CI          vs randkv (diff, sign p)")
-    for row in result["results"]:
-        paired = row.get("vs_randkv")
-        versus = ""
-        if paired:
-            versus = f"{paired['mean_difference']:+.3f}, p={paired['sign_test_p']:.3g}"
-        budget = "-" if row["budget"] is None else row["budget"]
-        print(
-            f"{row['evictor']:<16} {budget:>5} {row['accuracy']:>9.3f}  "
-            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]  {versus}"
-        )
-    print(f"results: {args.results}/quality.json, {args.results}/quality.png", file=sys.stderr)
+    print(markdown_tables(result))
+    print(f"results: {args.results}/quality.{{json,png,md}}", file=sys.stderr)
 
 
 def add_quality_commands(commands: Any) -> None:

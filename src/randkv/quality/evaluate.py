@@ -26,6 +26,7 @@ from randkv.models.tiny import PAD_ID
 from randkv.quality.checker import check_answer
 from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
 from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
+from randkv.quality.report import markdown_tables
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
 from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
 
@@ -224,6 +225,7 @@ def evaluate(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "quality.md").write_text(markdown_tables(result, config.reference))
     try:
         from randkv.quality.plot import plot_accuracy
 
