@@ -170,11 +170,12 @@ class RandKVRunnerMixin:
         self.randkv_seconds["compaction"] += done - planned
         self.randkv_metrics.add("planning_seconds", planned - start)
         self.randkv_metrics.add("compaction_seconds", done - planned)
-        self.randkv_metrics.add("kv_entries_evicted", round_plan.evicted.numel())
+        # A KV head replicated on several ranks (fewer KV heads than ranks) counts on one.
+        entries = round_plan.evicted.numel() if self.randkv_shard.counts_evictions else 0
+        self.randkv_metrics.add("kv_entries_evicted", entries)
         self.randkv_counters["rounds"] += len(req_ids)
         self.randkv_counters["tokens_evicted_per_head"] += len(req_ids) * self.randkv.buffer_size
-        if self.randkv_shard.counts_evictions:  # a replicated KV head is counted on one rank
-            self.randkv_counters["kv_entries_evicted"] += round_plan.evicted.numel()
+        self.randkv_counters["kv_entries_evicted"] += entries
         self.randkv_counters["bytes_moved"] += self.randkv_compactor.moved_bytes(
             round_plan, self.kv_caches
         )
