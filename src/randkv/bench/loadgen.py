@@ -30,14 +30,13 @@ class RequestTrace:
         return self.token_times[0] - self.sent if self.token_times else None
 
     @property
-    def tpot(self) -> float | None:
-        """Mean time per output token after the first (robust to chunks read in bursts)."""
+    def itl(self) -> float | None:
+        """Mean inter-token latency: (last token - first token) / (tokens - 1).
+
+        Per-chunk gaps are not used: a busy client reads several chunks at once.
+        """
         times = self.token_times
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-
-    def inter_token_latencies(self) -> list[float]:
-        times = self.token_times
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 async def _stream_one(

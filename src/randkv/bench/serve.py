@@ -149,7 +149,6 @@ def _summarize(
             "step_s": step,
             "share_of_step_time": (planning + compaction) / step if step > 0 else 0.0,
         }
-    itl = [gap for t in done for gap in t.inter_token_latencies()]
     return {
         "randkv": None if randkv is None else dataclasses.asdict(randkv),
         "requests_sent": len(traces),
@@ -164,8 +163,7 @@ def _summarize(
         "kv_blocks_peak": int(max(timeline["kv_blocks"], default=0)),
         "kv_blocks_mean": _time_mean(timeline["t_s"], timeline["kv_blocks"]),
         "ttft_s": _percentiles([t.ttft for t in done if t.ttft is not None]),
-        "itl_s": _percentiles(itl),
-        "tpot_s": _percentiles([t.tpot for t in done if t.tpot is not None]),
+        "itl_s": _percentiles([t.itl for t in done if t.itl is not None]),
         "eviction": eviction,
         "timeline": timeline,
     }
@@ -218,7 +216,6 @@ def assemble(bench: ServeBench, model: str, arms: dict[str, dict[str, Any]]) -> 
         "kv_blocks_peak": _ratio(ours["kv_blocks_peak"], plain["kv_blocks_peak"]),
         "ttft_p50": _ratio(ours["ttft_s"]["p50"], plain["ttft_s"]["p50"]),
         "itl_p50": _ratio(ours["itl_s"]["p50"], plain["itl_s"]["p50"]),
-        "tpot_p50": _ratio(ours["tpot_s"]["p50"], plain["tpot_s"]["p50"]),
     }
     share = ours["eviction"]["share_of_step_time"]
     preempted = plain["preemptions"] > 0
@@ -311,7 +308,7 @@ def format_table(result: dict[str, Any]) -> str:
         a, b = plain[key], ours[key]
         ratio = f"{b / a:.2f}x" if a else "-"
         lines.append(f"{label:24s}{fmt.format(a):>14s}{fmt.format(b):>16s}{ratio:>9s}")
-    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s")):
+    for label, key in (("TTFT", "ttft_s"), ("inter-token latency", "itl_s")):
         for pct in ("p50", "p90", "p99"):
             a, b = plain[key][pct] * 1e3, ours[key][pct] * 1e3
             ratio = f"{b / a:.2f}x" if a else "-"

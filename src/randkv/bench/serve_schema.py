@@ -39,7 +39,6 @@ ARM_SCHEMA: dict[str, Any] = {
         "kv_blocks_mean",
         "ttft_s",
         "itl_s",
-        "tpot_s",
         "eviction",
         "timeline",
     ],
@@ -57,8 +56,7 @@ ARM_SCHEMA: dict[str, Any] = {
         "kv_blocks_peak": _COUNT,
         "kv_blocks_mean": _NONNEG,
         "ttft_s": _PERCENTILES,
-        "itl_s": _PERCENTILES,  # gaps between streamed chunks, as the client reads them
-        "tpot_s": _PERCENTILES,  # per request: (last token - first token) / (tokens - 1)
+        "itl_s": _PERCENTILES,  # over requests, each (last - first token time) / (tokens - 1)
         "eviction": {
             "type": ["object", "null"],
             "required": [
@@ -139,7 +137,6 @@ SCHEMA: dict[str, Any] = {
                 "kv_blocks_peak",
                 "ttft_p50",
                 "itl_p50",
-                "tpot_p50",
             ],
             "properties": {
                 key: {"type": ["number", "null"]}
@@ -149,7 +146,6 @@ SCHEMA: dict[str, Any] = {
                     "kv_blocks_peak",
                     "ttft_p50",
                     "itl_p50",
-                    "tpot_p50",
                 )
             },
         },

@@ -31,9 +31,8 @@ class TimelineMixin:
         if self._timeline is not None:
             pool = self.kv_cache_manager.block_pool
             used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # minus the null block
-            self._timeline.write(
-                f"{time.time():.6f} {len(self.running)} {len(self.waiting)} {used}\n"
-            )
+            waiting = len(self.waiting) + len(getattr(self, "skipped_waiting", ()))
+            self._timeline.write(f"{time.time():.6f} {len(self.running)} {waiting} {used}\n")
         return output
 
 
