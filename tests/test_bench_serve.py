@@ -27,7 +27,7 @@ def bench_run(tiny_model_path, tmp_path_factory):
         model=str(tiny_model_path),
         workload=WORKLOAD,
         randkv=CONFIG,
-        pool_blocks=24,  # 23 usable: the 6 plain requests need up to 6 x 16 blocks
+        pool_blocks=26,  # 25 usable: 6 RandKV requests need 6 x 4, plain ones up to 6 x 16
         block_size=16,
         max_num_seqs=6,
         results_dir=tmp_path_factory.mktemp("bench-serve"),
