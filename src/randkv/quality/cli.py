@@ -37,7 +37,7 @@ def _train(args: argparse.Namespace) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", token_acc=f"{accuracy:.4f}")
 
-    record = train(out, config, progress=progress)
+    record = train(out, config, progress=progress, save_every=args.save_every)
     if bar is not None:
         bar.close()
     summary = {k: v for k, v in record.items() if k != "history"}
@@ -81,6 +81,9 @@ def add_quality_commands(commands: Any) -> None:
     train.add_argument("--seed", type=int, default=train_defaults.seed)
     train.add_argument("--steps", type=int, default=train_defaults.steps)
     train.add_argument("--threads", type=int, default=train_defaults.threads)
+    train.add_argument(
+        "--save-every", type=int, default=200, help="also save every N steps (0: only at the end)"
+    )
     train.set_defaults(func=_train)
 
     ev = quality.add_parser("eval", help="exact-match accuracy per evictor and budget")

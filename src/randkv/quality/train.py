@@ -37,10 +37,10 @@ class TrainConfig:
     """Optimisation settings of `randkv quality train` (defaults: the shipped checkpoint)."""
 
     seed: int = 0
-    steps: int = 1000
+    steps: int = 2400
     batch_size: int = 12
     lr: float = 3e-3
-    warmup: int = 60
+    warmup: int = 100
     weight_decay: float = 0.01
     min_keys: int = 4
     max_keys: int = 12
@@ -84,10 +84,13 @@ def train(
     config: TrainConfig | None = None,
     *,
     progress: Callable[[int, float, float], None] | None = None,
+    save_every: int = 0,
 ) -> dict[str, Any]:
     """Train and save a checkpoint folder; returns the training record.
 
-    `progress(step, loss, token_accuracy)` is called after every step.
+    `progress(step, loss, token_accuracy)` is called after every step. With `save_every`, the
+    folder is also written every that many steps (its record says `"partial": true`), so an
+    interrupted run leaves a usable checkpoint; the weights are not affected.
     """
     config = config or TrainConfig()
     torch.set_num_threads(config.threads)
@@ -125,8 +128,17 @@ def train(
         history.append({"step": step, "loss": round(loss.item(), 5), "acc": round(accuracy, 5)})
         if progress is not None:
             progress(step, loss.item(), accuracy)
-    seconds = time.perf_counter() - start
-    record = {
+        if save_every and (step + 1) % save_every == 0 and step + 1 < config.steps:
+            partial = _record(config, history, time.perf_counter() - start)
+            _save(model, Path(out_dir), {**partial, "partial": True})
+            model.train()
+    record = _record(config, history, time.perf_counter() - start)
+    _save(model, Path(out_dir), record)
+    return record
+
+
+def _record(config: TrainConfig, history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    return {
         "train_config": asdict(config),
         "task_version": TASK_VERSION,
         "model_params": MODEL_PARAMS,
@@ -135,10 +147,9 @@ def train(
         "threads": config.threads,
         "final_loss": history[-1]["loss"],
         "final_token_accuracy": history[-1]["acc"],
+        "steps_done": len(history),
         "history": history[:: max(1, len(history) // 100)],
     }
-    _save(model, Path(out_dir), record)
-    return record
 
 
 def _save(model: Any, out_dir: Path, record: dict[str, Any]) -> None:
