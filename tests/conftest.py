@@ -11,6 +11,11 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RANDKV_TRACK_POSITIONS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# vLLM's CPU backend binds its OpenMP threads only in worker processes; with the engine
+# in-process, any other torch op in the process (RandKV's rounds, Transformers references)
+# makes every later vLLM kernel ~30x slower on a 2-thread OpenMP pool. One thread avoids it.
+# Must be set before torch loads its OpenMP runtime.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -231,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_bench.add_argument("--results", default="results/bench-serve")
     serve_bench.add_argument("--json", action="store_true", help="print the JSON result")
     serve_bench.set_defaults(func=_bench_serve)
-    demo = commands.add_parser("demo", help="core benchmarks and a short engine comparison")
+    demo = commands.add_parser(
+        "demo", help="short iso-memory comparison (plain vLLM vs RandKV) and a retention picture"
+    )
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)

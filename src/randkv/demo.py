@@ -1,96 +1,137 @@
-"""`randkv demo`: the core benchmarks and a short RandKV-vs-plain vLLM run on the tiny model.
+"""`randkv demo` (what `make demo` runs): a short iso-memory comparison of plain vLLM and
+vLLM + RandKV served over HTTP, then a picture of which positions each KV head kept.
 
-(The full iso-memory serving benchmark is `randkv bench serve`, a separate piece of work.)
+On the embedded tiny checkpoint it takes a few minutes on 2 CPU cores; `--model` runs the
+same on a real checkpoint (a local path or a hub id vLLM can load).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from randkv.bench.serve import ServeBench, format_table
+from randkv.bench.workload import WorkloadSpec
+from randkv.config import RandKVConfig
 
-def _engine_comparison(model: str | None, results: Path) -> dict[str, Any]:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import vllm
+# The demo's tiny model has 8 KV heads, so the retention picture shows 8 independent rows.
+DEMO_MODEL_PARAMS = {"num_heads": 8, "num_kv_heads": 8, "head_dim": 32}
+DEMO_CONFIG = RandKVConfig(budget=128, buffer_size=32, seed=0)
+RETENTION_KEY = "randkv-demo"
+
+
+def demo_bench(model: str | None, results: Path) -> ServeBench:
+    """16 long generations on a pool where plain vLLM holds about two of them."""
+    return ServeBench(
+        model=model,
+        workload=WorkloadSpec(requests=16, prompt_tokens=(16, 48), output_tokens=(512, 1024)),
+        randkv=DEMO_CONFIG,
+        pool_blocks=100,
+        block_size=16,
+        max_num_seqs=8,
+        results_dir=results,
+    )
+
+
+def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any]:
+    """Generate one request with the offline engine, read back which absolute positions each
+    KV head of layer 0 holds, check them against `randkv.spec`, and draw them."""
+    # The worker process (vLLM's default multi-process layout) keeps slot -> position maps.
+    os.environ["RANDKV_TRACK_POSITIONS"] = "1"
     from vllm import SamplingParams
 
-    from randkv import RandKVConfig
-    from randkv.models import build_tiny_checkpoint
+    from randkv.bench.plots import plot_retention
+    from randkv.spec import request_key_from_text, retained_positions
     from randkv.vllm import LLM
 
-    path = model or str(build_tiny_checkpoint())
-    common = dict(
+    llm = LLM(
+        model=model,
+        randkv=DEMO_CONFIG,
         dtype="float32",
-        max_model_len=4096,
         block_size=16,
+        max_model_len=2048,
         gpu_memory_utilization=0.2,
+        num_gpu_blocks_override=64,
         enforce_eager=True,
-        max_num_seqs=16,
-        num_gpu_blocks_override=256,
-        seed=0,
     )
-    prompts = [f"Request {i}: think step by step about problem {i}." for i in range(16)]
-    params = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
-    arms: dict[str, Any] = {}
-    for name, build in (
-        ("plain vLLM", lambda: vllm.LLM(model=path, **common)),
-        (
-            "vLLM + RandKV",
-            lambda: LLM(model=path, randkv=RandKVConfig(budget=256, buffer_size=32), **common),
-        ),
-    ):
-        llm = build()
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params)
-        elapsed = time.perf_counter() - start
-        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        arm = {"output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
-        if isinstance(llm, LLM):
-            stats = llm.randkv_stats()
-            arm["rounds"] = stats["counters"]["rounds"]
-            arm["eviction_seconds"] = sum(stats["seconds"].values())
-        arms[name] = arm
-        del llm
-    plain, ours = arms["plain vLLM"], arms["vLLM + RandKV"]
-    arms["ratio_tokens_per_s"] = ours["tokens_per_s"] / plain["tokens_per_s"]
-    (results / "engine.json").write_text(json.dumps(arms, indent=2))
-    return arms
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=new_tokens,
+        ignore_eos=True,
+        extra_args={"randkv_key": RETENTION_KEY},
+    )
+    output = llm.generate(["Think step by step, and keep the question in mind."], params)[0]
+    prompt = len(output.prompt_token_ids)
+    tokens_seen = prompt + len(output.outputs[0].token_ids) - 1  # the last one is not cached
+    heads = llm.randkv_slot_positions(output.request_id)[0]  # layer 0: [head][slot]
+    retained = [sorted(positions) for positions in heads]
+    expected = [
+        list(
+            retained_positions(
+                DEMO_CONFIG,
+                prompt_length=prompt,
+                tokens_seen=tokens_seen,
+                request_key=request_key_from_text(RETENTION_KEY),
+                layer=0,
+                kv_head=head,
+            )
+        )
+        for head in range(len(retained))
+    ]
+    plot_retention(
+        retained,
+        tokens_seen=tokens_seen,
+        prompt_length=prompt,
+        layer=0,
+        budget=DEMO_CONFIG.budget,
+        buffer_size=DEMO_CONFIG.buffer_size,
+        path=results / "retention.png",
+    )
+    summary = {
+        "tokens_seen": tokens_seen,
+        "prompt_length": prompt,
+        "kv_heads": len(retained),
+        "kept_per_head": [len(r) for r in retained],
+        "matches_spec": retained == expected,
+        "retained_positions_layer0": retained,
+    }
+    (results / "retention.json").write_text(json.dumps(summary))
+    del llm
+    return summary
 
 
 def run(model: str | None = None, results_dir: str = "results/demo") -> None:
-    from randkv.bench import compact, select
+    from randkv.bench import serve
 
     results = Path(results_dir)
     results.mkdir(parents=True, exist_ok=True)
-    print("RandKV demo: results go to", results.resolve())
-    sel = select.run(layers=36, kv_heads=8, budget=2048, buffer=64, prompt=256, repeats=20)
-    comp = compact.run(
-        layers=36,
-        kv_heads=8,
-        head_dim=128,
-        budget=2048,
-        buffer=64,
-        prompt=256,
-        requests=2,
-        repeats=10,
-    )
-    (results / "select.json").write_text(json.dumps(sel, indent=2))
-    (results / "compact.json").write_text(json.dumps(comp, indent=2))
-    print("\nOne eviction round, 36 layers x 8 KV heads, K=2048, r=64 (1 CPU thread):")
-    for name in ("randkv", "rand_topk", "python_sample"):
-        print(f"  {name:14s} {sel[name]['median_ms']:8.3f} ms")
+    if model is None:
+        from randkv.models import build_tiny_checkpoint
+
+        model = str(build_tiny_checkpoint(**DEMO_MODEL_PARAMS))
+    bench = demo_bench(model, results)
+    workload = bench.workload
     print(
-        f"  RandKV batched, per request of 64: {sel['randkv_batched_64']['per_request_ms']:.3f} ms"
+        f"RandKV demo: results go to {results.resolve()}\n"
+        f"Serving {workload.requests} requests ({workload.prompt_tokens[0]}-"
+        f"{workload.prompt_tokens[1]} prompt tokens, {workload.output_tokens[0]}-"
+        f"{workload.output_tokens[1]} output tokens) with the same {bench.pool_blocks}-block "
+        f"KV pool, max_num_seqs={bench.max_num_seqs}, RandKV K={DEMO_CONFIG.budget} "
+        f"r={DEMO_CONFIG.buffer_size}; each arm starts its own `randkv serve`."
     )
-    print("\nBytes moved per round (2 requests):")
-    for name, value in comp["bytes_per_round"].items():
-        print(f"  {name:16s} {value / 1e6:9.1f} MB")
-    arms = _engine_comparison(model, results)
-    print("\nTiny model, 16 requests x 1500 tokens, same pool of 256 blocks:")
-    for name in ("plain vLLM", "vLLM + RandKV"):
-        arm = arms[name]
-        print(f"  {name:14s} {arm['tokens_per_s']:8.1f} output tokens/s")
-    print(f"  ratio: {arms['ratio_tokens_per_s']:.2f}x")
+    result = serve.run(bench)
+    print()
+    print(format_table(result))
+    summary = retention(model, results)
+    print(
+        f"\nRetention: after {summary['tokens_seen']} tokens each of the "
+        f"{summary['kv_heads']} KV heads of layer 0 keeps {summary['kept_per_head'][0]} "
+        f"positions (the {summary['prompt_length']}-token prompt, the newest ones and its own "
+        f"random sample); engine slot maps equal randkv.spec: {summary['matches_spec']}"
+    )
+    print(
+        f"\nWrote {results / 'result.json'}, {results / 'timeline.png'}, "
+        f"{results / 'retention.png'}"
+    )
