@@ -127,8 +127,8 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         "prompt_tokens": (16, 48),
         "output_tokens": (768, 1536),
         "budget": 128,
-        "buffer": 32,
-        "pool_blocks": 200,
+        "buffer": 64,
+        "pool_blocks": 260,
         "max_num_seqs": 16,
         **defaults,
     }

@@ -18,17 +18,18 @@ from randkv.config import RandKVConfig
 
 # The demo's tiny model has 8 KV heads, so the retention picture shows 8 independent rows.
 DEMO_MODEL_PARAMS = {"num_heads": 8, "num_kv_heads": 8, "head_dim": 32}
-DEMO_CONFIG = RandKVConfig(budget=128, buffer_size=32, seed=0)
+DEMO_CONFIG = RandKVConfig(budget=128, buffer_size=64, seed=0)
 RETENTION_KEY = "randkv-demo"
 
 
 def demo_bench(model: str | None, results: Path) -> ServeBench:
-    """16 long generations on a pool where plain vLLM holds about two of them."""
+    """16 long generations; the pool holds 8 RandKV requests (8 x 16 blocks) but only about
+    two plain ones at full length."""
     return ServeBench(
         model=model,
         workload=WorkloadSpec(requests=16, prompt_tokens=(16, 48), output_tokens=(512, 1024)),
         randkv=DEMO_CONFIG,
-        pool_blocks=100,
+        pool_blocks=140,
         block_size=16,
         max_num_seqs=8,
         results_dir=results,

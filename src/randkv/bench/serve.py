@@ -38,8 +38,9 @@ class ServeBench:
 
     model: str | None = None  # None: the tiny local checkpoint
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    randkv: RandKVConfig = field(default_factory=lambda: RandKVConfig(budget=128, buffer_size=32))
-    pool_blocks: int = 200
+    # 16 requests of at most K + 2r = 256 tokens fill the pool; plain vLLM fits about 3.
+    randkv: RandKVConfig = field(default_factory=lambda: RandKVConfig(budget=128, buffer_size=64))
+    pool_blocks: int = 260
     block_size: int = 16
     max_num_seqs: int = 16
     max_model_len: int | None = None  # None: the longest request of the workload
