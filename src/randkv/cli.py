@@ -105,6 +105,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
         results_dir=Path(args.results),
     )
 
@@ -157,6 +158,12 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
     )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    parser.add_argument(
+        "--no-enforce-eager",
+        dest="enforce_eager",
+        action="store_false",
+        help="let vLLM compile and capture graphs (GPUs); both arms alike",
+    )
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -45,7 +45,8 @@ class ServeBench:
     max_num_seqs: int = 16
     max_model_len: int | None = None  # None: the longest request of the workload
     dtype: str = "float32"
-    gpu_memory_utilization: float = 0.2
+    gpu_memory_utilization: float = 0.2  # on the CPU backend: the share of host memory
+    enforce_eager: bool = True  # no torch.compile warm-up; turn off on GPUs for CUDA graphs
     results_dir: Path = Path("results/bench-serve")
 
     def model_len(self) -> int:
@@ -62,7 +63,7 @@ class ServeBench:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_model_len": self.model_len(),
             "max_num_seqs": self.max_num_seqs,
-            "enforce_eager": True,
+            "enforce_eager": self.enforce_eager,
             "seed": 0,
         }
 
