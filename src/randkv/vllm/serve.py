@@ -27,6 +27,7 @@ _ENGINE_FIELDS = (
     "async_scheduling",
 )
 
+
 def randkv_option_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     group = parser.add_argument_group("RandKV")
