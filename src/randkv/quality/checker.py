@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 __all__ = ["CheckResult", "check_answer", "parse_prompt"]
 
-_FACT = re.compile(r"^([A-Za-z])([0-9])([A-Za-z])$")
+_FACT = re.compile(r"^([A-Z])([0-9])([a-z])$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def parse_prompt(prompt: str) -> tuple[dict[str, tuple[int, str]], str]:
         key, digit, nxt = match.groups()
         if key in facts:
             raise ValueError(f"key {key!r} has two facts")
-        facts[key] = (int(digit), nxt)
+        facts[key] = (int(digit), nxt.upper())  # pointers are written in lowercase
     if start not in facts:
         raise ValueError(f"start key {start!r} has no fact")
     if any(nxt not in facts for _, nxt in facts.values()):

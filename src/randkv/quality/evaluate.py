@@ -43,12 +43,12 @@ EVAL_FAMILY = 0
 class EvalConfig:
     """What `randkv quality eval` runs."""
 
-    budgets: tuple[int, ...] = (48, 64, 96, 128)
+    budgets: tuple[int, ...] = (40, 48, 64, 96)
     buffer: int = 8
     seeds: tuple[int, ...] = (0, 1, 2)
     problems: int = 128
-    num_keys: int = 10
-    hops: int = 48
+    num_keys: int = 8
+    hops: int = 40
     evictors: tuple[str, ...] = (DENSE, *EVICTORS)
     batch_size: int = 32
     threads: int = 2

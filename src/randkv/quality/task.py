@@ -1,8 +1,9 @@
 """The "tally chain" task: a long generation that keeps reading its prompt and its own past.
 
-The prompt is a table of facts, one per key: ``k d n`` says that key ``k`` carries the digit
-``d`` and points to the next key ``n`` (the pointers form a random permutation of the keys).
-After ``|`` comes the start key. The answer is a chain of hops, one per generated 4-character
+The prompt is a table of facts, one per key: ``K d n`` says that key ``K`` (an uppercase
+letter) carries the digit ``d`` and points to the next key ``N``, written in lowercase so that
+each key occurs once in its uppercase form (the pointers form a random permutation of the
+keys). After ``|`` comes the start key. The answer is a chain of hops, one per generated 4-character
 group ``k d v`` + space:
 
 - ``k`` is the current key: the start key, then the pointer of the previous hop's key
@@ -36,10 +37,10 @@ __all__ = [
 ]
 
 #: Bump whenever the same (seed, index, knobs) would give a different problem.
-TASK_VERSION = 1
+TASK_VERSION = 2
 
-#: Keys are single characters (one byte-level token each); digits are 0-9.
-KEY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+#: Keys are uppercase letters (one byte-level token each), pointers their lowercase forms.
+KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 HOP_CHARS = 4  # "k", "d", "v", " "
 
@@ -48,8 +49,8 @@ HOP_CHARS = 4  # "k", "d", "v", " "
 class TaskConfig:
     """Difficulty knobs. Prompt: 4 * num_keys + 3 characters; answer: 4 * hops characters."""
 
-    num_keys: int = 10
-    hops: int = 48
+    num_keys: int = 8
+    hops: int = 40
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_keys <= len(KEY_ALPHABET):
@@ -102,7 +103,7 @@ def make_problem(seed: int, index: int, config: TaskConfig | None = None) -> Pro
     order = keys[:]
     rng.shuffle(order)
     start = rng.choice(keys)
-    prompt = " ".join(f"{k}{digit[k]}{pointer[k]}" for k in order) + " |" + start + "\n"
+    prompt = " ".join(f"{k}{digit[k]}{pointer[k].lower()}" for k in order) + " |" + start + "\n"
 
     tally: dict[str, int] = {}
     hops = []

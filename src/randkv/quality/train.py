@@ -37,15 +37,15 @@ class TrainConfig:
     """Optimisation settings of `randkv quality train` (defaults: the shipped checkpoint)."""
 
     seed: int = 0
-    steps: int = 2400
+    steps: int = 5000
     batch_size: int = 12
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.01
     min_keys: int = 4
-    max_keys: int = 12
-    min_hops: int = 16
-    max_hops: int = 56
+    max_keys: int = 10
+    min_hops: int = 4
+    max_hops: int = 40
     threads: int = 2
 
 
