@@ -73,24 +73,34 @@ def test_checker_on_a_hand_worked_problem():
     # A -> B -> A; digits A=1, B=2. Tallies: A 1, B 2, A 2, B 4, A 3.
     prompt = "A1b B2a |A\n"
     assert parse_prompt(prompt) == ({"A": (1, "B"), "B": (2, "A")}, "A")
-    assert check_answer(prompt, "A11 B22 A12 B24 A13 ", 5).exact
-    wrong = check_answer(prompt, "A11 B22 A11 B24 A13 ", 5)
+    assert check_answer(prompt, "A11 B22 A12 B24 A13 ", 5, tally=True).exact
+    wrong = check_answer(prompt, "A11 B22 A11 B24 A13 ", 5, tally=True)
     assert not wrong.exact and wrong.hops_correct == 2
-    assert check_answer(prompt, "A11 B22", 3).hops_correct == 1  # ends early
+    assert check_answer(prompt, "A11 B22", 3, tally=True).hops_correct == 1  # ends early
+    # Pointer chain: each hop copies the key's whole fact.
+    assert check_answer(prompt, "A1b B2a A1b B2a A1b ", 5).exact
+    assert check_answer(prompt, "A1b B2a A1b B2a A1b ", 5, tally=True).hops_correct == 0
+    wrong = check_answer(prompt, "A1b B2a A1b B2b A1b ", 5)
+    assert not wrong.exact and wrong.hops_correct == 3
+    assert check_answer(prompt, "A11 B22 A12 ", 3).hops_correct == 0  # a tally is not a pointer
+    # A 3-cycle walked from C: C -> A -> B -> C.
+    assert check_answer("B7c A0b C5a |C\n", "C5a A0b B7c C5a ", 4).exact
     with pytest.raises(ValueError):
         parse_prompt("A1b A2a |A\n")  # two facts for one key
 
 
+@pytest.mark.parametrize("tally", [False, True])
 @pytest.mark.parametrize("num_keys,hops", [(1, 5), (4, 40), (12, 64), (26, 200)])
-def test_generator_answers_pass_the_independent_checker(num_keys, hops):
-    task = TaskConfig(num_keys=num_keys, hops=hops)
+def test_generator_answers_pass_the_independent_checker(num_keys, hops, tally):
+    task = TaskConfig(num_keys=num_keys, hops=hops, tally=tally)
     for problem in make_problems(5, 20, task):
         assert len(problem.prompt) == task.prompt_chars
         assert len(problem.target) == task.answer_chars
         facts, start = parse_prompt(problem.prompt)
         assert len(facts) == num_keys
         assert sorted(n for _, n in facts.values()) == sorted(facts)  # a permutation
-        assert check_answer(problem.prompt, problem.target, hops).exact
+        assert check_answer(problem.prompt, problem.target, hops, tally=tally).exact
+        assert not check_answer(problem.prompt, problem.target, hops, tally=not tally).exact
         # Walking the pointers from the start returns to it after cycle_length hops.
         key = start
         for _ in range(problem.cycle_length):
@@ -99,16 +109,24 @@ def test_generator_answers_pass_the_independent_checker(num_keys, hops):
         assert problem.final_answer == problem.target[-4:-1]
 
 
-def test_checker_catches_every_single_character_corruption():
-    problem = make_problem(9, 3, TaskConfig(num_keys=8, hops=30))
+@pytest.mark.parametrize("tally", [False, True])
+def test_checker_catches_every_single_character_corruption(tally):
+    problem = make_problem(9, 3, TaskConfig(num_keys=8, hops=30, tally=tally))
     rng = random.Random(0)
     for position in rng.sample(range(len(problem.target)), 40):
         old = problem.target[position]
         new = rng.choice([c for c in "AB0123456789 xyZ" if c != old])
         bad = problem.target[:position] + new + problem.target[position + 1 :]
-        result = check_answer(problem.prompt, bad, 30)
+        result = check_answer(problem.prompt, bad, 30, tally=tally)
         assert not result.exact
         assert result.hops_correct == position // 4
+
+
+# Pinned problem 0 of family 0 with 4 keys and 3 hops (task v3); checked by hand: Z -> K -> Z,
+# tallies Z 8, K 5, Z (8 + 8) mod 10 = 6.
+PINNED_PROMPT = "K5z C2v V2c Z8k |Z\n"
+PINNED_TARGET = "Z8k K5z Z8k "
+PINNED_TALLY = "Z88 K55 Z86 "
 
 
 def test_generator_is_seeded_and_versioned():
@@ -117,7 +135,11 @@ def test_generator_is_seeded_and_versioned():
     assert make_problem(1, 2, task).prompt != make_problem(1, 3, task).prompt
     assert make_problem(1, 2, task).prompt != make_problem(2, 2, task).prompt
     # Pinned: a change here means TASK_VERSION must be bumped.
-    assert make_problem(0, 0, TaskConfig(num_keys=4, hops=3)).prompt == "M2j T0k K5t J7m |T\n"
+    pinned = make_problem(0, 0, TaskConfig(num_keys=4, hops=3))
+    assert pinned.prompt == PINNED_PROMPT and pinned.target == PINNED_TARGET
+    # The knob changes the answer, never the prompt.
+    tally = make_problem(0, 0, TaskConfig(num_keys=4, hops=3, tally=True))
+    assert tally.prompt == PINNED_PROMPT and tally.target == PINNED_TALLY
 
 
 # --------------------------------------------------------------------------- statistics

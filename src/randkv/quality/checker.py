@@ -1,4 +1,4 @@
-"""An independent checker for tally-chain answers.
+"""An independent checker for pointer-chain and tally-chain answers.
 
 It reads only the prompt text and the candidate answer, and re-derives every hop from the
 task's rules (it does not call the generator), so the generator's targets can be verified
@@ -31,7 +31,7 @@ class CheckResult:
 def parse_prompt(prompt: str) -> tuple[dict[str, tuple[int, str]], str]:
     """The facts {key: (digit, next key)} and the start key of a prompt."""
     if not prompt.endswith("\n") or " |" not in prompt:
-        raise ValueError("not a tally-chain prompt: expected '<facts> |<start>\\n'")
+        raise ValueError("not a chain prompt: expected '<facts> |<start>\\n'")
     table_text, start = prompt[:-1].rsplit(" |", 1)
     facts: dict[str, tuple[int, str]] = {}
     for item in table_text.split(" "):
@@ -49,8 +49,12 @@ def parse_prompt(prompt: str) -> tuple[dict[str, tuple[int, str]], str]:
     return facts, start
 
 
-def check_answer(prompt: str, answer: str, hops: int) -> CheckResult:
-    """Check the first `hops` hops of `answer` (extra text after them is ignored)."""
+def check_answer(prompt: str, answer: str, hops: int, *, tally: bool = False) -> CheckResult:
+    """Check the first `hops` hops of `answer` (extra text after them is ignored).
+
+    Pointer chain (default): hop i is ``key digit pointer`` + space, the pointer in lowercase.
+    Tally chain (`tally=True`): hop i is ``key digit tally`` + space.
+    """
     facts, key = parse_prompt(prompt)
     history: list[tuple[str, int]] = []  # (key, tally) of every hop written so far
     for hop in range(hops):
@@ -60,7 +64,8 @@ def check_answer(prompt: str, answer: str, hops: int) -> CheckResult:
         digit, nxt = facts[key]
         # Latest earlier hop with this key, found by scanning the written history backwards.
         previous = next((t for k, t in reversed(history) if k == key), 0)
-        want = f"{key}{digit}{(previous + digit) % 10} "
+        third = str((previous + digit) % 10) if tally else nxt.lower()
+        want = f"{key}{digit}{third} "
         if chunk != want:
             return CheckResult(hops, hop, f"hop {hop}: wrote {chunk!r}, expected {want!r}")
         history.append((key, (previous + digit) % 10))

@@ -22,7 +22,7 @@ def _train(args: argparse.Namespace) -> None:
     from randkv.quality.model import shipped_checkpoint
     from randkv.quality.train import TrainConfig, train
 
-    config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads)
+    config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads, tally=args.tally)
     out = args.out or str(shipped_checkpoint())
     bar: Any = None
     try:
@@ -57,6 +57,7 @@ def _eval(args: argparse.Namespace) -> None:
         problems=args.problems,
         num_keys=args.keys,
         hops=args.hops,
+        tally=args.tally,
         evictors=evictors,
         batch_size=args.batch_size,
         threads=args.threads,
@@ -76,11 +77,14 @@ def add_quality_commands(commands: Any) -> None:
         "quality", help="RandKV beside scored evictors on a trained long-generation task"
     ).add_subparsers(dest="quality", required=True)
 
-    train = quality.add_parser("train", help="train the tally-chain model on CPU")
+    train = quality.add_parser("train", help="train the pointer-chain model on CPU")
     train.add_argument("--out", default=None, help="checkpoint folder (default: the shipped one)")
     train.add_argument("--seed", type=int, default=train_defaults.seed)
     train.add_argument("--steps", type=int, default=train_defaults.steps)
     train.add_argument("--threads", type=int, default=train_defaults.threads)
+    train.add_argument(
+        "--tally", action="store_true", help="train on tally chains (not learned at this size)"
+    )
     train.add_argument(
         "--save-every", type=int, default=200, help="also save every N steps (0: only at the end)"
     )
@@ -94,6 +98,7 @@ def add_quality_commands(commands: Any) -> None:
     ev.add_argument("--problems", type=int, default=defaults.problems)
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")
+    ev.add_argument("--tally", action="store_true", help="tally chains instead of pointer chains")
     ev.add_argument("--evictors", default=None, help="comma-separated (default: all)")
     ev.add_argument("--batch-size", type=int, default=defaults.batch_size)
     ev.add_argument("--threads", type=int, default=defaults.threads)

@@ -53,7 +53,7 @@ def plot_accuracy(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlabel(f"budget K (tokens per KV head, prompt included; r = {config['buffer']})")
     ax.set_ylabel("exact-match accuracy (95% CI)")
     ax.set_title(
-        f"tally chain v{task['version']}: {task['num_keys']} keys "
+        f"{task['name'].replace('-', ' ')} v{task['version']}: {task['num_keys']} keys "
         f"(prompt {task['prompt_tokens']} tokens), {task['answer_tokens']} generated tokens, "
         f"{config['problems']} problems",
         fontsize=9,

@@ -1,25 +1,33 @@
-"""The "tally chain" task: a long generation that keeps reading its prompt and its own past.
+"""Chain tasks: a long generation that keeps reading its prompt (and its own past).
 
 The prompt is a table of facts, one per key: ``K d n`` says that key ``K`` (an uppercase
 letter) carries the digit ``d`` and points to the next key ``N``, written in lowercase so that
 each key occurs once in its uppercase form (the pointers form a random permutation of the
-keys). After ``|`` comes the start key. The answer is a chain of hops, one per generated 4-character
-group ``k d v`` + space:
+keys). After ``|`` comes the start key. The answer is a chain of hops, one per generated
+4-character group ``k d x`` + space:
 
-- ``k`` is the current key: the start key, then the pointer of the previous hop's key
-  (a fact lookup in the prompt);
+- ``k`` is the current key: the start key, then the pointer of the previous hop's key;
 - ``d`` is the digit of ``k`` (a fact lookup in the prompt);
-- ``v`` is ``k``'s running tally: (tally at ``k``'s previous visit + d) mod 10, where the
-  previous visit is the latest earlier hop with the same key in the model's own output
-  (0 before the first visit).
+- ``x`` depends on the variant (the ``tally`` knob):
 
-So every hop needs prompt facts, and every revisit needs the model's own earlier step one
-cycle back (the chain walks the cycle of the permutation that holds the start key, whose
-length is uniform on 1..num_keys: distances from 4 to 4 * num_keys tokens). The whole
-generation is checkable exactly. Difficulty knobs: ``num_keys`` (prompt size, about
-4 * num_keys + 3 tokens in the byte-level tokenizer) and ``hops`` (4 * hops generated tokens).
+  - pointer chain (default, ``tally=False``): ``x`` is ``k``'s pointer, in lowercase (a fact
+    lookup in the prompt). Each hop copies ``k``'s fact from the prompt, and the next hop's key
+    is the pointer the model itself wrote 2 tokens earlier. Every hop needs the prompt; the
+    model's own output is needed only a few tokens back.
+  - tally chain (``tally=True``): ``x`` is ``k``'s running tally: (tally at ``k``'s previous
+    visit + d) mod 10, where the previous visit is the latest earlier hop with the same key in
+    the model's own output (0 before the first visit), and the next key is a prompt lookup of
+    ``k``'s pointer. Every revisit needs the model's own step one cycle back (distances up to
+    4 * num_keys tokens). The 0.66M-parameter model did not learn this variant (see
+    docs/quality.md).
 
-Problems are a pure function of (TASK_VERSION, seed, index, num_keys, hops).
+The chain walks the cycle of the permutation that holds the start key, whose length is
+uniform on 1..num_keys. The whole generation is checkable exactly. Difficulty knobs:
+``num_keys`` (prompt size, 4 * num_keys + 3 tokens in the byte-level tokenizer), ``hops``
+(4 * hops generated tokens) and ``tally``.
+
+Problems are a pure function of (TASK_VERSION, seed, index, num_keys, hops, tally); the prompt
+does not depend on ``tally``.
 """
 
 from __future__ import annotations
@@ -36,8 +44,9 @@ __all__ = [
     "make_problems",
 ]
 
-#: Bump whenever the same (seed, index, knobs) would give a different problem.
-TASK_VERSION = 2
+#: Bump whenever the same (seed, index, knobs) would give a different problem. v3: pointer chains
+#: (the default) beside tally chains; tally=True follows the v2 rules, under v3 seeding.
+TASK_VERSION = 3
 
 #: Keys are uppercase letters (one byte-level token each), pointers their lowercase forms.
 KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -51,6 +60,10 @@ class TaskConfig:
 
     num_keys: int = 8
     hops: int = 40
+    #: True: the third character of a hop is the key's running tally (the "tally chain",
+    #: long-range own-output dependence); False: it is the key's pointer copied from the
+    #: prompt (the "pointer chain", the default). The prompt does not depend on this knob.
+    tally: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_keys <= len(KEY_ALPHABET):
@@ -80,7 +93,7 @@ class Problem:
 
     @property
     def final_answer(self) -> str:
-        """The last hop (key, digit, tally): the chain's final state."""
+        """The last hop (key, digit, tally or pointer): the chain's final state."""
         return self.target[-HOP_CHARS:-1]
 
 
@@ -109,8 +122,11 @@ def make_problem(seed: int, index: int, config: TaskConfig | None = None) -> Pro
     hops = []
     key = start
     for _ in range(config.hops):
-        tally[key] = (tally.get(key, 0) + digit[key]) % 10
-        hops.append(f"{key}{digit[key]}{tally[key]} ")
+        if config.tally:
+            tally[key] = (tally.get(key, 0) + digit[key]) % 10
+            hops.append(f"{key}{digit[key]}{tally[key]} ")
+        else:
+            hops.append(f"{key}{digit[key]}{pointer[key].lower()} ")
         key = pointer[key]
     cycle, key = 1, pointer[start]
     while key != start:
