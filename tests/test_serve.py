@@ -22,7 +22,8 @@ ENGINE_ARGS = {
     "block_size": 16,
     "num_gpu_blocks_override": 64,
     "gpu_memory_utilization": 0.2,
-    "max_model_len": 4096,
+    # Long enough for the cancel test's request to outlast any stall of the client (below).
+    "max_model_len": 20480,
     "max_num_seqs": 8,
     "enforce_eager": True,
 }
@@ -140,37 +141,46 @@ def test_chat_and_streaming_give_the_same_tokens(client):
 
 
 def test_cancel_mid_stream_frees_the_blocks(server):
+    # On these small VMs a process that sleeps (this client, the API server) can wait
+    # seconds for a CPU while the engine steps flat out, so the request is made far longer
+    # (about a minute) than any such stall: the cancel then lands while it runs.
+    max_tokens = ENGINE_ARGS["max_model_len"] - 480
     body = {
         "model": SERVED_MODEL_NAME,
         "prompt": PROMPT,
-        "max_tokens": 4000,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
     }
+    before = server.metrics()
     chunks = 0
     with (
-        httpx.Client(timeout=60.0) as http,
+        httpx.Client(timeout=120.0) as http,
         http.stream("POST", f"{server.base_url}/v1/completions", json=body) as response,
     ):
         assert response.status_code == 200
         for line in response.iter_lines():
             chunks += line.startswith("data:")
-            if chunks == 100:
+            if chunks == 20:
                 # The scheduler sets RandKV's gauge every step; vLLM's own gauges are
                 # published by the API server and may lag a step or two.
-                during = wait_for_metrics(server, lambda v: v["randkv:kv_blocks_held"] > 0)
+                during = wait_for_metrics(
+                    server, lambda v: v["randkv:kv_blocks_held"] > 0, timeout=60.0
+                )
                 break  # closing the connection cancels the request
     assert during["randkv:kv_blocks_held"] > 0
     after = wait_for_metrics(
         server,
         lambda v: v["vllm:num_requests_running"] == 0 and v["randkv:kv_blocks_held"] == 0,
+        timeout=120.0,
     )
     assert after["vllm:num_requests_running"] == 0
     assert after["randkv:kv_blocks_held"] == 0
     assert after["vllm:kv_cache_usage_perc"] == 0.0  # every block back in the free pool
-    # Far fewer tokens than asked for were generated: it really stopped early.
-    assert after["vllm:generation_tokens_total"] - during["vllm:generation_tokens_total"] < 3800
+    # It really stopped early: far fewer tokens than asked for were generated.
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert 20 <= generated < max_tokens - 1000
 
 
 def test_over_budget_prompt_fails_alone(server, client):
