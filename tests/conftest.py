@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,3 +24,14 @@ def tiny_model_path():
     from randkv.models import build_tiny_checkpoint
 
     return str(build_tiny_checkpoint())
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny matmuls: extra threads only add contention (and run-to-run noise) on shared CPUs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

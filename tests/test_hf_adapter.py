@@ -6,7 +6,6 @@ CPU only, no network: the tiny random-weight Qwen3 checkpoint is built in a temp
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from transformers import (
 
 import randkv.hf as rh
 from randkv import PromptTooLongError, RandKVConfig, request_key_from_content, spec
-from randkv.models.tiny import PAD_ID, build_tiny_checkpoint
+from randkv.models.tiny import PAD_ID
 
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=7)
 CAPACITY = CONFIG.max_physical_length  # K + 2r = 32
@@ -33,18 +32,12 @@ NEW_TOKENS = 48  # 5 to 9 rounds per row
 ORACLE_NAME = "randkv_test_oracle"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls: extra threads only add contention (and run-to-run noise) on shared CPUs.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+def ckpt(tiny_model_path: str) -> Path:
+    return Path(tiny_model_path)
 
 
 @pytest.fixture(scope="module")

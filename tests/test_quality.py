@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +18,6 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 import randkv.hf as rh
 from randkv import RandKVConfig
-from randkv.models.tiny import build_tiny_checkpoint
 from randkv.planner import RoundPlanner, to_key_tensor
 from randkv.quality import evaluate as quality_eval
 from randkv.quality.checker import check_answer, parse_prompt
@@ -36,17 +34,12 @@ NEW_TOKENS = 60  # 8 to 10 rounds per row
 SELECTORS = [name for name in EVICTORS if name != "randkv"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+def ckpt(tiny_model_path: str) -> Path:
+    return Path(tiny_model_path)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -22,8 +23,7 @@ ENGINE_ARGS = {
     "block_size": 16,
     "num_gpu_blocks_override": 64,
     "gpu_memory_utilization": 0.2,
-    # Long enough for the cancel test's request to outlast any stall of the client (below).
-    "max_model_len": 20480,
+    "max_model_len": 8192,  # the cancelled request asks for far more than it gets
     "max_num_seqs": 8,
     "enforce_eager": True,
 }
@@ -33,8 +33,18 @@ PROMPT = "Keep the prompt; sample the rest."  # 33 bytes: under K
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    with running_server(str(tiny_model_path), CONFIG, ENGINE_ARGS, log) as running:
-        yield running
+    # On the 2-vCPU CI VMs a process that sleeps on one vCPU (this client, the API server)
+    # can miss its wake-ups for seconds while vLLM's worker spins on the other, so a stream
+    # arrives in one burst at its end and a cancel lands too late; with every process on
+    # one vCPU wake-ups are prompt (docs/notes/vllm-internals.md, item 18). The server
+    # inherits this process's CPU set.
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(allowed)})
+    try:
+        with running_server(str(tiny_model_path), CONFIG, ENGINE_ARGS, log) as running:
+            yield running
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +151,6 @@ def test_chat_and_streaming_give_the_same_tokens(client):
 
 
 def test_cancel_mid_stream_frees_the_blocks(server):
-    # On these small VMs a process that sleeps (this client, the API server) can wait
-    # seconds for a CPU while the engine steps flat out, so the request is made far longer
-    # (about a minute) than any such stall: the cancel then lands while it runs.
     max_tokens = ENGINE_ARGS["max_model_len"] - 480
     body = {
         "model": SERVED_MODEL_NAME,
@@ -156,7 +163,7 @@ def test_cancel_mid_stream_frees_the_blocks(server):
     before = server.metrics()
     chunks = 0
     with (
-        httpx.Client(timeout=120.0) as http,
+        httpx.Client(timeout=60.0) as http,
         http.stream("POST", f"{server.base_url}/v1/completions", json=body) as response,
     ):
         assert response.status_code == 200
@@ -165,15 +172,12 @@ def test_cancel_mid_stream_frees_the_blocks(server):
             if chunks == 20:
                 # The scheduler sets RandKV's gauge every step; vLLM's own gauges are
                 # published by the API server and may lag a step or two.
-                during = wait_for_metrics(
-                    server, lambda v: v["randkv:kv_blocks_held"] > 0, timeout=60.0
-                )
+                during = wait_for_metrics(server, lambda v: v["randkv:kv_blocks_held"] > 0)
                 break  # closing the connection cancels the request
     assert during["randkv:kv_blocks_held"] > 0
     after = wait_for_metrics(
         server,
         lambda v: v["vllm:num_requests_running"] == 0 and v["randkv:kv_blocks_held"] == 0,
-        timeout=120.0,
     )
     assert after["vllm:num_requests_running"] == 0
     assert after["randkv:kv_blocks_held"] == 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -19,59 +20,17 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
         print(f"{key}: {json.dumps(value)}")
 
 
-def _bench_select(args: argparse.Namespace) -> None:
-    from randkv.bench import select
+def _micro_bench(name: str, *params: str) -> Callable[[argparse.Namespace], None]:
+    """Runner for `randkv bench NAME`: calls randkv.bench.NAME.run with the named options."""
 
-    _print(
-        select.run(
-            layers=args.layers,
-            kv_heads=args.kv_heads,
-            budget=args.budget,
-            buffer=args.buffer,
-            prompt=args.prompt,
-            batch=args.batch,
-            repeats=args.repeats,
-            threads=args.threads,
-        ),
-        args.json,
-    )
+    def run(args: argparse.Namespace) -> None:
+        module = importlib.import_module(f"randkv.bench.{name}")
+        _print(module.run(**{param: getattr(args, param) for param in params}), args.json)
+
+    return run
 
 
-def _bench_compact(args: argparse.Namespace) -> None:
-    from randkv.bench import compact
-
-    _print(
-        compact.run(
-            layers=args.layers,
-            kv_heads=args.kv_heads,
-            head_dim=args.head_dim,
-            budget=args.budget,
-            buffer=args.buffer,
-            prompt=args.prompt,
-            requests=args.requests,
-            block_size=args.block_size,
-            dtype=args.dtype,
-            repeats=args.repeats,
-            threads=args.threads,
-        ),
-        args.json,
-    )
-
-
-def _bench_hf(args: argparse.Namespace) -> None:
-    from randkv.bench import hf
-
-    _print(
-        hf.run(
-            new_tokens=args.new_tokens,
-            budget=args.budget,
-            buffer=args.buffer,
-            prompt=args.prompt,
-            repeats=args.repeats,
-            threads=args.threads,
-        ),
-        args.json,
-    )
+_SHAPE = ("layers", "kv_heads", "budget", "buffer", "prompt", "repeats", "threads")
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -209,14 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     select = bench.add_parser("select", help="one round of selection vs baselines")
     _add_shape_args(select)
     select.add_argument("--batch", type=int, default=64, help="requests in the batched call")
-    select.set_defaults(func=_bench_select)
+    select.set_defaults(func=_micro_bench("select", *_SHAPE, "batch"))
     compact = bench.add_parser("compact", help="compaction bytes and bandwidth")
     _add_shape_args(compact)
     compact.add_argument("--head-dim", type=int, default=128)
     compact.add_argument("--requests", type=int, default=2)
     compact.add_argument("--block-size", type=int, default=16)
     compact.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    compact.set_defaults(func=_bench_compact)
+    compact.set_defaults(
+        func=_micro_bench("compact", *_SHAPE, "head_dim", "requests", "block_size", "dtype")
+    )
     hf_bench = bench.add_parser("hf", help="dense vs RandKV Transformers generate, tiny model")
     hf_bench.add_argument("--new-tokens", type=int, default=256)
     hf_bench.add_argument("--budget", type=int, default=64)
@@ -225,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     hf_bench.add_argument("--repeats", type=int, default=3)
     hf_bench.add_argument("--threads", type=int, default=1)
     hf_bench.add_argument("--json", action="store_true")
-    hf_bench.set_defaults(func=_bench_hf)
+    hf_bench.set_defaults(
+        func=_micro_bench("hf", "new_tokens", "budget", "buffer", "prompt", "repeats", "threads")
+    )
     commands.add_parser(
         "serve",
         help="vLLM's OpenAI-compatible server with RandKV (randkv serve MODEL --help)",
