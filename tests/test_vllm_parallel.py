@@ -421,3 +421,51 @@ def test_replicas_make_the_same_decisions_whatever_their_traffic(model4, tp1):
             assert len(slots[0][0]) > len(first.prompt_token_ids)  # rounds did happen
     finally:
         _shutdown(replica)
+
+
+@pytest.mark.engine
+def test_prometheus_counters_of_a_tp2_server_add_up_across_ranks(model4, tmp_path):
+    """`randkv serve --tensor-parallel-size 2`: each rank process writes its own series and
+    /metrics sums them, so the served counters equal the spec's count for all heads."""
+    import httpx
+
+    from randkv.bench.server import SERVED_MODEL_NAME, running_server
+
+    engine_args = {k: v for k, v in COMMON.items() if k != "seed"}
+    engine_args["tensor_parallel_size"] = 2
+    with running_server(
+        model4,
+        CONFIG,
+        engine_args,
+        tmp_path / "server.log",
+        extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+    ) as server:
+        before = server.metrics()
+        response = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={
+                "model": SERVED_MODEL_NAME,
+                "prompt": PROMPTS[0],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+            timeout=600.0,
+        )
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        prompt, generated = len(choice["prompt_token_ids"]), len(choice["token_ids"])
+        after = server.metrics()
+    seen = prompt + generated - 1  # the last token is never computed
+    rounds = num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen - 1)
+    assert generated == MAX_TOKENS and rounds >= 20
+
+    def moved(name: str) -> float:
+        return after[name] - before[name]
+
+    assert moved("randkv:rounds_total") == rounds  # counted once, by the scheduler
+    # 2 layers x 4 KV heads, 2 on each rank: both ranks' evictions, neither twice.
+    assert moved("randkv:kv_entries_evicted_total") == rounds * CONFIG.buffer_size * 2 * 4
+    assert moved("randkv:compaction_seconds_total") > 0
+    assert moved("randkv:planning_seconds_total") > 0
