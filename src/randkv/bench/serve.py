@@ -293,7 +293,7 @@ def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
     return result
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: dict[str, Any], *, with_target: bool = True) -> str:
     """The side-by-side table printed by `randkv bench serve` and the demo."""
     plain, ours = result["arms"]["plain"], result["arms"]["randkv"]
     rows = [
@@ -321,6 +321,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"compaction {eviction['compaction_s']:.2f} s = "
         f"{100 * eviction['share_of_step_time']:.2f}% of step time"
     )
+    if not with_target:
+        return "\n".join(lines)
     targets = result["targets"]
     lines.append(
         f"target (>= {targets['min_throughput_ratio']:.0f}x tokens/s with plain vLLM "
