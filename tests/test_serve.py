@@ -33,8 +33,8 @@ PROMPT = "Keep the prompt; sample the rest."  # 33 bytes: under K
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    # On the 2-vCPU CI VMs a process that sleeps on one vCPU (this client, the API server)
-    # can miss its wake-ups for seconds while vLLM's worker spins on the other, so a stream
+    # On the 2-vCPU CI VMs a process that sleeps (this client, the API server) can miss
+    # its wake-ups for seconds while vLLM's worker decodes flat out, so a stream
     # arrives in one burst at its end and a cancel lands too late; with every process on
     # one vCPU wake-ups are prompt (docs/notes/vllm-internals.md, item 18). The server
     # inherits this process's CPU set.
