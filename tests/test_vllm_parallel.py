@@ -238,19 +238,22 @@ def _assert_same_tokens(first, second) -> bool:
     return False
 
 
+def _spec_rounds(prompt: int, generated: int) -> int:
+    """Rounds one request went through according to the spec (independent of the engine)."""
+    seen = prompt + generated - 1  # the last token is never computed
+    # The engine fires a round lazily, when the next token is scheduled; stay off a
+    # boundary so the spec's count at `seen` is unambiguous.
+    assert num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen) == num_rounds(
+        CONFIG, prompt_length=prompt, tokens_seen=seen - 1
+    )
+    return num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen)
+
+
 def _expected_rounds(outputs) -> int:
-    """Rounds each request went through according to the spec (independent of the engine)."""
-    total = 0
-    for output in outputs:
-        prompt = len(output.prompt_token_ids)
-        seen = prompt + len(output.outputs[0].token_ids) - 1  # the last token is never computed
-        # The engine fires a round lazily, when the next token is scheduled; stay off a
-        # boundary so the spec's count at `seen` is unambiguous.
-        assert num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen) == num_rounds(
-            CONFIG, prompt_length=prompt, tokens_seen=seen - 1
-        )
-        total += num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen)
-    return total
+    return sum(
+        _spec_rounds(len(output.prompt_token_ids), len(output.outputs[0].token_ids))
+        for output in outputs
+    )
 
 
 def _run(llm) -> dict:
@@ -431,12 +434,10 @@ def test_prometheus_counters_of_a_tp2_server_add_up_across_ranks(model4, tmp_pat
 
     from randkv.bench.server import SERVED_MODEL_NAME, running_server
 
-    engine_args = {k: v for k, v in COMMON.items() if k != "seed"}
-    engine_args["tensor_parallel_size"] = 2
     with running_server(
         model4,
         CONFIG,
-        engine_args,
+        dict(COMMON, tensor_parallel_size=2),
         tmp_path / "server.log",
         extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
     ) as server:
@@ -457,8 +458,7 @@ def test_prometheus_counters_of_a_tp2_server_add_up_across_ranks(model4, tmp_pat
         choice = response.json()["choices"][0]
         prompt, generated = len(choice["prompt_token_ids"]), len(choice["token_ids"])
         after = server.metrics()
-    seen = prompt + generated - 1  # the last token is never computed
-    rounds = num_rounds(CONFIG, prompt_length=prompt, tokens_seen=seen - 1)
+    rounds = _spec_rounds(prompt, generated)
     assert generated == MAX_TOKENS and rounds >= 20
 
     def moved(name: str) -> float:
