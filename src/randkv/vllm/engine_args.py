@@ -1,35 +1,65 @@
 """Turn the one RandKV call-site option into vLLM engine arguments, and refuse what RandKV
-cannot serve correctly before the engine starts."""
+cannot serve correctly before the engine starts (the modes are listed in `refusals`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from randkv.config import RandKVConfig
+from randkv.vllm.refusals import (
+    UnsupportedModeError,
+    refuse_engine_kwargs,
+    refused_modes,
+)
+
+__all__ = [
+    "ADDITIONAL_CONFIG_KEY",
+    "UnsupportedModeError",
+    "check_engine_supported",
+    "check_kv_cache_groups",
+    "config_from_vllm",
+    "randkv_engine_kwargs",
+    "use_v1_model_runner",
+]
 
 ADDITIONAL_CONFIG_KEY = "randkv"
 SCHEDULER_CLS = "randkv.vllm.scheduler.RandKVScheduler"
 CPU_WORKER_CLS = "randkv.vllm.worker.RandKVCPUWorker"
-GPU_WORKER_CLS = "randkv.vllm.worker.RandKVGPUWorker"
+GPU_WORKER_CLS = "randkv.vllm.gpu_worker.RandKVGPUWorker"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
-
-class UnsupportedModeError(ValueError):
-    """A vLLM feature whose correctness under RandKV eviction is not shown."""
+#: Engine arguments RandKV fills in itself.
+INSTALLED_ENGINE_ARGS = ("scheduler_cls", "worker_cls", "additional_config", "async_scheduling")
 
 
 def config_from_vllm(vllm_config: Any) -> RandKVConfig | None:
     """The RandKVConfig carried in vLLM's `additional_config`, or None if RandKV is off."""
     extra = getattr(vllm_config, "additional_config", None) or {}
     values = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
-    return RandKVConfig(**values) if values else None
+    return RandKVConfig.coerce(values) if values else None
 
 
-_REFUSED_KWARGS = {
-    "speculative_config": "speculative decoding",
-    "kv_transfer_config": "KV transfer / disaggregated serving",
-    "ec_transfer_config": "encoder-cache transfer",
-}
+def use_v1_model_runner() -> None:
+    """Make vLLM pick its V1 model runner (RandKV hooks into it), or refuse a user's V2 choice.
+
+    vLLM 0.28.0 picks the V2 runner by default on CUDA for dense models. The choice is an
+    environment variable read in every engine process, so it is set in this process before
+    the engine starts (spawned processes inherit it); it then also applies to other engines
+    this process starts.
+    """
+    value = os.environ.get(V2_RUNNER_ENV)
+    if value is not None and value.strip().lower() in ("1", "true"):
+        raise UnsupportedModeError(
+            f"RandKV needs vLLM's V1 model runner, but {V2_RUNNER_ENV}={value} asks for V2; "
+            f"set {V2_RUNNER_ENV}=0 (or unset it)"
+        )
+    os.environ[V2_RUNNER_ENV] = "0"
+    from vllm import envs
+
+    # An engine that already ran in this process froze vLLM's environment cache.
+    envs.disable_envs_cache()
 
 
 def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -37,24 +67,13 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     config = RandKVConfig.coerce(randkv)
     if config is None:
         return dict(kwargs)
-    for key, what in _REFUSED_KWARGS.items():
-        if kwargs.get(key):
-            raise UnsupportedModeError(f"RandKV does not support {what} ({key} is set)")
+    refuse_engine_kwargs(kwargs)
     for key in ("scheduler_cls", "worker_cls"):
         if kwargs.get(key) not in (None, "auto"):
             raise UnsupportedModeError(
                 f"RandKV installs its own {key}; remove {key}={kwargs[key]!r} or turn RandKV off"
             )
-    if int(kwargs.get("pipeline_parallel_size", 1)) > 1:
-        raise UnsupportedModeError(
-            "RandKV under vLLM pipeline parallelism is not verified (vLLM 0.28.0's CPU "
-            "pipeline parallel fails on its own); use tensor parallelism"
-        )
-    if kwargs.get("async_scheduling"):
-        raise UnsupportedModeError(
-            "RandKV needs synchronous scheduling (a round's directive must reach the workers "
-            "in the step it fires); remove async_scheduling=True"
-        )
+    use_v1_model_runner()
     out = dict(kwargs)
     # vLLM would otherwise turn async scheduling on by default on GPUs.
     out["async_scheduling"] = False
@@ -70,48 +89,7 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def check_engine_supported(vllm_config: Any) -> None:
     """Refuse engine configurations RandKV cannot serve; runs in the engine process."""
-    problems = []
-    model = vllm_config.model_config
-    if vllm_config.speculative_config is not None:
-        problems.append("speculative decoding")
-    if vllm_config.kv_transfer_config is not None:
-        problems.append("KV transfer / disaggregated serving")
-    if getattr(vllm_config, "ec_transfer_config", None) is not None:
-        problems.append("encoder-cache transfer")
-    if getattr(model, "use_mla", False):
-        problems.append("MLA attention (one shared latent cache, not per-head KV)")
-    if getattr(model, "is_hybrid", False) or getattr(model, "is_attention_free", False):
-        problems.append("hybrid / attention-free models (state-space or linear layers)")
-    if getattr(model, "uses_alibi", False):
-        problems.append("ALiBi (its bias depends on slot distance)")
-    if getattr(model, "is_encoder_decoder", False):
-        problems.append("encoder-decoder models (cross attention)")
-    if model.get_sliding_window() is not None:
-        problems.append("sliding-window attention")
-    if getattr(model, "uses_mrope", False):
-        problems.append("M-RoPE multimodal positions")
-    parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1:
-        problems.append("pipeline parallelism (not verified)")
-    # vLLM runs the data-parallel ranks of a dense model as independent engines (each sees
-    # data_parallel_size == 1 here), which RandKV supports like separate replicas; MoE ranks
-    # step in lockstep with dummy batches.
-    if parallel.data_parallel_size > 1:
-        problems.append(
-            "lockstep data parallelism of MoE models (not verified; run independent replicas)"
-        )
-    if getattr(parallel, "decode_context_parallel_size", 1) > 1:
-        problems.append("decode context parallelism")
-    if getattr(parallel, "prefill_context_parallel_size", 1) > 1:
-        problems.append("prefill context parallelism")
-    if vllm_config.scheduler_config.async_scheduling:
-        problems.append("async scheduling (set async_scheduling=False)")
-    if getattr(vllm_config, "use_v2_model_runner", False):
-        problems.append("vLLM's V2 model runner (unset VLLM_USE_V2_MODEL_RUNNER)")
-    if vllm_config.cache_config.cache_dtype not in ("auto", None):
-        problems.append(
-            f"quantized KV cache (kv_cache_dtype={vllm_config.cache_config.cache_dtype})"
-        )
+    problems = refused_modes(vllm_config)
     if problems:
         raise UnsupportedModeError("RandKV does not support: " + "; ".join(problems))
 
@@ -119,6 +97,8 @@ def check_engine_supported(vllm_config: Any) -> None:
 def check_kv_cache_groups(kv_cache_config: Any) -> None:
     """Exactly one full-attention KV cache group, no windows, sinks or latent caches."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from randkv.vllm.kv_spec import RandKVFullAttentionSpec
 
     groups = kv_cache_config.kv_cache_groups
     names = [type(group.kv_cache_spec).__name__ for group in groups]
@@ -128,9 +108,8 @@ def check_kv_cache_groups(kv_cache_config: Any) -> None:
             "(hybrid or mixed attention)"
         )
     spec = groups[0].kv_cache_spec
-    allowed = type(spec) is FullAttentionSpec or type(spec).__name__ == "RandKVFullAttentionSpec"
     if (
-        not allowed
+        type(spec) not in (FullAttentionSpec, RandKVFullAttentionSpec)
         or getattr(spec, "sliding_window", None)
         or getattr(spec, "attention_chunk_size", None)
     ):

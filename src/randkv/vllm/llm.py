@@ -8,6 +8,8 @@ import vllm
 
 from randkv.config import RandKVConfig
 from randkv.vllm.engine_args import randkv_engine_kwargs
+from randkv.vllm.metrics import merge_ranks
+from randkv.vllm.request_ids import EngineRequestIds
 
 
 class LLM(vllm.LLM):
@@ -19,6 +21,8 @@ class LLM(vllm.LLM):
     def __init__(self, model: str, *, randkv: Any = None, **kwargs: Any) -> None:
         self.randkv_config: RandKVConfig | None = RandKVConfig.coerce(randkv)
         super().__init__(model=model, **randkv_engine_kwargs(self.randkv_config, kwargs))
+        self._randkv_ids = EngineRequestIds()
+        self._randkv_ids.follow(self.llm_engine)
 
     def randkv_stats(self) -> dict[str, Any]:
         """Engine-wide and per-request RandKV statistics, aggregated over worker ranks.
@@ -40,27 +44,16 @@ class LLM(vllm.LLM):
         - `ranks` is the number of workers, `per_rank` their own counters, seconds, and
           the global `layers` and `kv_heads` each holds.
 
-        Per-request entries are keyed by vLLM's internal request id, which is the
-        caller's id (RequestOutput.request_id) plus a random suffix.
+        Per-request entries are keyed by vLLM's internal request id (the engine's id,
+        which vLLM derives from the caller's); `randkv_request_stats` looks one up by the
+        caller's id.
         """
         if self.randkv_config is None:
             raise RuntimeError("RandKV is off for this LLM")
         per_rank = self.collective_rpc("randkv_stats")
-        once = ("rounds", "tokens_evicted_per_head")
-        counters: dict[str, float] = {}
-        seconds: dict[str, float] = {}
-        for rank in per_rank:
-            for key, value in rank["counters"].items():
-                if key not in once:
-                    counters[key] = counters.get(key, 0) + value
-            for key, value in rank["seconds"].items():
-                seconds[key] = seconds.get(key, 0.0) + value
+        counters = merge_ranks(per_rank, "counters")
+        seconds = merge_ranks(per_rank, "seconds")
         first = per_rank[0]
-        for key in once:
-            values = {rank["counters"][key] for rank in per_rank}
-            if len(values) != 1:
-                raise RuntimeError(f"RandKV ranks disagree on {key}: {sorted(values)}")
-            counters[key] = first["counters"][key]
         return {
             "counters": counters,
             "seconds": seconds,
@@ -78,25 +71,26 @@ class LLM(vllm.LLM):
             ],
         }
 
-    def randkv_request_stats(self, request_id: str) -> dict[str, Any]:
-        """Stats of the request whose RequestOutput.request_id is `request_id`."""
-        matches = {
-            rid: rec
-            for rid, rec in self.randkv_stats()["requests"].items()
-            if rid.rsplit("-", 1)[0] == request_id
-        }
-        if len(matches) != 1:
-            raise KeyError(f"no unique RandKV record for request {request_id!r}")
-        return next(iter(matches.values()))
+    def randkv_request_stats(self, request_id: str, sample: int | None = None) -> dict[str, Any]:
+        """Stats of the request whose RequestOutput.request_id is `request_id` (and, for
+        n > 1, of its `sample`-th sample)."""
+        internal = self._randkv_ids.engine_id(request_id, sample)
+        record = self.randkv_stats()["requests"].get(internal)
+        if record is None:
+            raise KeyError(f"no RandKV record for request {request_id!r}")
+        return record
 
-    def randkv_slot_positions(self, request_id: str) -> list[list[list[int]]]:
+    def randkv_slot_positions(
+        self, request_id: str, sample: int | None = None
+    ) -> list[list[list[int]]]:
         """Slot -> absolute position per [global layer][global KV head] of a request.
 
         Each rank reports the (layer, head) pairs it holds; ranks holding a replica of the
         same KV head must agree. Needs RANDKV_TRACK_POSITIONS=1 in the engine's environment.
         """
         merged: dict[tuple[int, int], list[int]] = {}
-        for rank in self.collective_rpc("randkv_slot_positions", args=(f"{request_id}-",)):
+        internal = self._randkv_ids.engine_id(request_id, sample)
+        for rank in self.collective_rpc("randkv_slot_positions", args=([internal],)):
             for entry in rank.values():
                 layers = entry.get("layers") or range(len(entry["positions"]))
                 for layer, per_head in zip(layers, entry["positions"], strict=True):

@@ -1,61 +1,119 @@
-"""RandKV's Prometheus series, served on vLLM's own /metrics endpoint.
+"""RandKV's metrics: one table from which the Prometheus series, `LLM.randkv_stats()` and the
+README's table all come.
 
-The scheduler (once per engine) counts rounds, evicted tokens and freed blocks and sets the
-blocks-held gauge; every worker (once per tensor-parallel rank) counts the KV entries it
-evicted and the seconds it spent planning and compacting. Under `randkv serve` all
-processes write to prometheus_client's multiprocess directory, whose collector sums a
-counter over processes, so TP ranks add up with nothing counted twice.
+Each metric is recorded once, through `RandKVRecorder.add`, which keeps the process's own
+running totals (read by `randkv_stats()` over vLLM's RPC) and increments the Prometheus series
+(served on vLLM's /metrics when every process writes to one prometheus_client multiprocess
+directory, whose collector sums a counter over processes).
 
-Series (all labelled model_name and engine, like vLLM's own):
-
-| series | meaning |
-|---|---|
-| `randkv:rounds_total` | eviction rounds fired (one per request per round) |
-| `randkv:tokens_evicted_total` | tokens evicted per KV head (r per round) |
-| `randkv:kv_entries_evicted_total` | (layer, KV head, token) entries evicted, all ranks |
-| `randkv:blocks_freed_total` | KV blocks returned to the pool by rounds |
-| `randkv:kv_blocks_held` | KV blocks held by RandKV requests now |
-| `randkv:rejected_prompts_total` | requests refused because the prompt exceeds K |
-| `randkv:preemptions_total` | preemptions of RandKV requests (each replays its rounds) |
-| `randkv:planning_seconds_total` | worker seconds spent planning rounds, all ranks |
-| `randkv:compaction_seconds_total` | worker seconds spent moving KV, all ranks |
-| `randkv:step_seconds_total` | worker seconds in execute_model, all ranks (for the share) |
+Across tensor-parallel ranks a metric is either counted `ONCE` (a per-request event every rank
+sees, such as a round: only rank 0 writes its series, and `randkv_stats()` checks that every
+rank agrees) or `SUMMED` (physical work each rank does on its own KV heads: every rank writes).
+The scheduler exists once per engine, so its metrics are `ONCE` by construction.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from prometheus_client import Counter, Gauge
-
 LABELS = ("model_name", "engine")
+PREFIX = "randkv:"
 
-_COUNTERS = {
-    "rounds": "RandKV eviction rounds fired (one per request per round).",
-    "tokens_evicted": "Tokens evicted per KV head (r per round).",
-    "kv_entries_evicted": "KV entries (layer, KV head, token) evicted, summed over ranks.",
-    "blocks_freed": "KV cache blocks returned to the pool by RandKV rounds.",
-    "rejected_prompts": "Requests refused because the prompt exceeds the RandKV budget K.",
-    "preemptions": "Preemptions of RandKV requests (each replays its rounds on resume).",
-    "planning_seconds": "Worker seconds spent planning RandKV rounds, summed over ranks.",
-    "compaction_seconds": "Worker seconds spent compacting KV, summed over ranks.",
-    "step_seconds": "Worker seconds spent in execute_model, summed over ranks.",
-}
+
+class Ranks(enum.Enum):
+    ONCE = "once"
+    SUMMED = "summed"
+
+
+class Source(enum.Enum):
+    SCHEDULER = "scheduler"  # the engine core's scheduler (and the server's front door)
+    WORKER = "worker"  # every tensor-parallel worker
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One RandKV metric.
+
+    name: the Prometheus series is `randkv:<name>_total` (counters) or `randkv:<name>`
+        (gauges); `stats_group` / `stats_key` place it in `LLM.randkv_stats()`.
+    """
+
+    name: str
+    kind: str  # "counter" or "gauge"
+    source: Source
+    ranks: Ranks
+    help: str
+    stats_group: str | None = None  # "counters", "seconds" or "scheduler"; None: not in stats
+    stats_key: str | None = None  # defaults to name
+
+    @property
+    def series(self) -> str:
+        return PREFIX + self.name + ("_total" if self.kind == "counter" else "")
+
+    @property
+    def key(self) -> str:
+        return self.stats_key or self.name
+
+
+_W, _S = Source.WORKER, Source.SCHEDULER
+_ONCE, _SUM = Ranks.ONCE, Ranks.SUMMED
+
+METRICS: tuple[Metric, ...] = (
+    Metric("rounds", "counter", _W, _ONCE,
+           "eviction rounds (one per request per round)", "counters"),
+    Metric("tokens_evicted", "counter", _W, _ONCE,
+           "tokens evicted per KV head (r per round)", "counters", "tokens_evicted_per_head"),
+    Metric("kv_entries_evicted", "counter", _W, _SUM,
+           "(layer, KV head, token) entries evicted, all ranks (a replicated head once)",
+           "counters"),
+    Metric("kv_bytes_moved", "counter", _W, _SUM,
+           "bytes of keys and values written by compaction, all ranks", "counters",
+           "bytes_moved"),
+    Metric("planning_seconds", "counter", _W, _SUM,
+           "worker seconds spent planning rounds, all ranks", "seconds", "planning"),
+    Metric("compaction_seconds", "counter", _W, _SUM,
+           "worker seconds spent moving KV, all ranks", "seconds", "compaction"),
+    Metric("step_seconds", "counter", _W, _SUM,
+           "worker seconds in execute_model, all ranks (the denominator of the share)",
+           "seconds", "step"),
+    Metric("blocks_freed", "counter", _S, _ONCE,
+           "KV blocks returned to the pool by rounds", "scheduler"),
+    Metric("kv_blocks_held", "gauge", _S, _ONCE,
+           "KV blocks held by RandKV requests now"),
+    Metric("rejected_prompts", "counter", _S, _ONCE,
+           "requests refused because the prompt exceeds K", "scheduler"),
+    Metric("preemptions", "counter", _S, _ONCE,
+           "preemptions of RandKV requests (each replays its rounds)", "scheduler"),
+)  # fmt: skip
+
+BY_NAME = {metric.name: metric for metric in METRICS}
+
+
+def markdown_table() -> str:
+    """The README's table of series, generated from `METRICS` (a test keeps them equal)."""
+    lines = ["| series | meaning |", "|---|---|"]
+    lines += [f"| `{m.series}` | {m.help} |" for m in METRICS]
+    return "\n".join(lines)
 
 
 @cache
 def _collectors() -> dict[str, Any]:
     """Created once per process: prometheus_client refuses duplicate names."""
-    out: dict[str, Any] = {
-        name: Counter(f"randkv:{name}", doc, LABELS) for name, doc in _COUNTERS.items()
-    }
-    out["kv_blocks_held"] = Gauge(
-        "randkv:kv_blocks_held",
-        "KV cache blocks held by RandKV requests.",
-        LABELS,
-        multiprocess_mode="livesum",
-    )
+    from prometheus_client import Counter, Gauge
+
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        if metric.kind == "counter":
+            # prometheus_client appends `_total` to a counter's name itself.
+            out[metric.name] = Counter(PREFIX + metric.name, metric.help, LABELS)
+        else:
+            out[metric.name] = Gauge(
+                metric.series, metric.help, LABELS, multiprocess_mode="livesum"
+            )
     return out
 
 
@@ -68,16 +126,58 @@ def engine_labels(vllm_config: Any) -> tuple[str, str]:
     return str(name or model.model), str(engine)
 
 
-class RandKVMetrics:
-    """The series of one engine, bound to its labels."""
+class RandKVRecorder:
+    """One process's RandKV metrics: running totals plus its Prometheus series.
 
-    def __init__(self, vllm_config: Any) -> None:
+    publishes_once: whether this process writes the series of `ONCE` metrics (the scheduler,
+    and tensor-parallel rank 0 among the workers), so they are counted once engine-wide.
+    """
+
+    def __init__(self, vllm_config: Any, source: Source, *, publishes_once: bool) -> None:
         labels = engine_labels(vllm_config)
-        self._series = {name: c.labels(*labels) for name, c in _collectors().items()}
+        self.source = source
+        self.totals: dict[str, float] = {
+            m.name: 0 for m in METRICS if m.source is source and m.kind == "counter"
+        }
+        self._series = {
+            m.name: _collectors()[m.name].labels(*labels)
+            for m in METRICS
+            if m.source is source and (publishes_once or m.ranks is Ranks.SUMMED)
+        }
 
     def add(self, name: str, amount: float) -> None:
-        if amount:
-            self._series[name].inc(amount)
+        self.totals[name] += amount
+        series = self._series.get(name)
+        if series is not None and amount:
+            series.inc(amount)
 
-    def set_blocks_held(self, blocks: int) -> None:
-        self._series["kv_blocks_held"].set(blocks)
+    def set(self, name: str, value: float) -> None:
+        """Set a gauge (not kept in the totals: it is a level, not an event count)."""
+        series = self._series.get(name)
+        if series is not None:
+            series.set(value)
+
+    def stats(self, group: str) -> dict[str, float]:
+        """This process's totals of one `randkv_stats()` group, under their stats keys."""
+        return {
+            m.key: self.totals[m.name]
+            for m in METRICS
+            if m.source is self.source and m.stats_group == group
+        }
+
+
+def merge_ranks(per_rank: Iterable[dict[str, dict[str, float]]], group: str) -> dict[str, float]:
+    """Merge the workers' `group` totals: `SUMMED` metrics add up, `ONCE` metrics must agree."""
+    ranks = list(per_rank)
+    merged: dict[str, float] = {}
+    for metric in METRICS:
+        if metric.source is not Source.WORKER or metric.stats_group != group:
+            continue
+        values = [rank[group][metric.key] for rank in ranks]
+        if metric.ranks is Ranks.SUMMED:
+            merged[metric.key] = sum(values)
+        elif len(set(values)) != 1:
+            raise RuntimeError(f"RandKV ranks disagree on {metric.key}: {sorted(set(values))}")
+        else:
+            merged[metric.key] = values[0]
+    return merged

@@ -19,13 +19,14 @@ from vllm.v1.request import Request, RequestStatus
 
 from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.spec import num_rounds, physical_length
+from randkv.vllm.class_swap import swap_class
 from randkv.vllm.engine_args import (
     check_engine_supported,
     check_kv_cache_groups,
     config_from_vllm,
 )
 from randkv.vllm.messages import RandKVStepPlan, RoundDirective
-from randkv.vllm.metrics import RandKVMetrics
+from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.request_key import derive_request_key
 from randkv.vllm.timeline import TimelineMixin
 
@@ -49,13 +50,12 @@ class RandKVCacheManager(KVCacheManager):
     """
 
     def attach(
-        self, config: RandKVConfig, rounds: dict[str, RequestRounds], metrics: RandKVMetrics
+        self, config: RandKVConfig, rounds: dict[str, RequestRounds], metrics: RandKVRecorder
     ) -> None:
         self.randkv = config
         self.rounds = rounds
         self.metrics = metrics
         self.directives: dict[str, RoundDirective] = {}
-        self.blocks_freed = 0
         self.block_size = self.coordinator.single_type_managers[0].block_size
 
     def allocate_slots(
@@ -127,7 +127,6 @@ class RandKVCacheManager(KVCacheManager):
                 tail = request_blocks[keep:]
                 del request_blocks[keep:]
                 self.block_pool.free_blocks(reversed(tail))
-                self.blocks_freed += len(tail)
                 self.metrics.add("blocks_freed", len(tail))
         new_blocks = self.coordinator.allocate_new_blocks(
             request.request_id, end, end, num_encoder_tokens
@@ -154,9 +153,8 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         self.randkv = config
         self.request_rounds: dict[str, RequestRounds] = {}
         self.rejected: dict[str, str] = {}
-        self.counters = {"rejected_prompts": 0, "preemptions": 0}
-        self.metrics = RandKVMetrics(self.vllm_config)
-        self.kv_cache_manager.__class__ = RandKVCacheManager
+        self.metrics = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
+        swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
         self.kv_cache_manager.attach(config, self.request_rounds, self.metrics)
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary.
@@ -171,6 +169,11 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             config.max_physical_length - 1,
         )
 
+    @property
+    def counters(self) -> dict[str, float]:
+        """The scheduler's RandKV counters (rejected prompts, preemptions, blocks freed)."""
+        return self.metrics.stats("scheduler")
+
     # ------------------------------------------------------------------ admission
 
     def add_request(self, request: Request) -> None:
@@ -179,7 +182,6 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             self.randkv.check_prompt(prompt)
         except PromptTooLongError as error:
             self.rejected[request.request_id] = str(error)
-            self.counters["rejected_prompts"] += 1
             self.metrics.add("rejected_prompts", 1)
             logger.warning("RandKV rejects request %s: %s", request.request_id, error)
         else:
@@ -221,20 +223,19 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             if rid not in dropped and rid in scheduler_output.num_scheduled_tokens
         }
         manager.directives = {}
-        # Counted when sent: a round dropped by a same-step preemption is replayed later.
-        self.metrics.add("rounds", len(directives))
-        self.metrics.add("tokens_evicted", len(directives) * self.randkv.buffer_size)
         self._publish_blocks_held()
-        counters = dict(self.counters, blocks_freed=manager.blocks_freed)
         scheduler_output.randkv = RandKVStepPlan(
-            directives=directives, request_keys=self._new_keys, scheduler_counters=counters
+            directives=directives,
+            request_keys=self._new_keys,
+            scheduler_counters=self.metrics.stats("scheduler"),
         )
         self._new_keys = {}
         super()._update_after_schedule(scheduler_output)
 
     def _publish_blocks_held(self) -> None:
         blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-        self.metrics.set_blocks_held(sum(len(blocks.get(rid, ())) for rid in self.request_rounds))
+        held = sum(len(blocks.get(rid, ())) for rid in self.request_rounds)
+        self.metrics.set("kv_blocks_held", held)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         result = super()._preempt_request(request, *args, **kwargs)
@@ -243,7 +244,6 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             # All blocks are gone; the request will replay its rounds from the prompt.
             state.rounds_applied = 0
             self.kv_cache_manager.directives.pop(request.request_id, None)
-            self.counters["preemptions"] += 1
             self.metrics.add("preemptions", 1)
         return result
 

@@ -15,18 +15,6 @@ from typing import Any
 
 from randkv.config import PromptTooLongError, RandKVConfig
 
-# Engine arguments RandKV fills in or refuses (see randkv_engine_kwargs).
-_ENGINE_FIELDS = (
-    "scheduler_cls",
-    "worker_cls",
-    "additional_config",
-    "speculative_config",
-    "kv_transfer_config",
-    "ec_transfer_config",
-    "pipeline_parallel_size",
-    "async_scheduling",
-)
-
 
 def randkv_option_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -72,11 +60,13 @@ def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
 
 def apply_randkv(args: argparse.Namespace, config: RandKVConfig | None) -> None:
     """Put RandKV's scheduler, worker and config into vLLM's parsed serve arguments."""
-    from randkv.vllm.engine_args import randkv_engine_kwargs
+    from randkv.vllm.engine_args import INSTALLED_ENGINE_ARGS, randkv_engine_kwargs
+    from randkv.vllm.refusals import REFUSED_ENGINE_ARGS
 
     if config is None:
         return
-    current = {name: getattr(args, name, None) for name in _ENGINE_FIELDS}
+    fields = dict.fromkeys((*INSTALLED_ENGINE_ARGS, *REFUSED_ENGINE_ARGS))
+    current = {name: getattr(args, name, None) for name in fields}
     if current["worker_cls"] == "auto":
         current["worker_cls"] = None
     for name, value in randkv_engine_kwargs(config, current).items():
@@ -94,14 +84,15 @@ def check_prompts_at_the_front_door(config: RandKVConfig) -> None:
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from randkv.vllm.metrics import RandKVMetrics
+    from randkv.vllm.metrics import RandKVRecorder, Source
 
     vllm_check = InputProcessor._validate_prompt_len
 
     def validate_prompt_len(self: Any, prompt_len: int, prompt_type: str) -> None:
         vllm_check(self, prompt_len, prompt_type)
         if prompt_type == "decoder" and prompt_len > config.budget:
-            RandKVMetrics(self.vllm_config).add("rejected_prompts", 1)
+            recorder = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
+            recorder.add("rejected_prompts", 1)
             raise VLLMValidationError(
                 f"{PromptTooLongError(prompt_len, config.budget)} (--randkv-budget)",
                 parameter="prompt",

@@ -1,0 +1,85 @@
+"""RandKV's vLLM GPU worker (`worker_cls="randkv.vllm.gpu_worker.RandKVGPUWorker"`).
+
+Never imports `vllm.v1.worker.cpu_*` (see `randkv.vllm.worker_base`). Supported KV layout:
+vLLM 0.28.0's FlashAttention / FlashInfer / Triton attention backends, logical shape
+(num_blocks, num_kv_heads, block_size, 2 * head_size) in NHD or HND stride order, one kernel
+block per allocation block. Anything else is refused at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker
+
+from randkv.compactor import KVLayout, PagedCompactor
+from randkv.vllm.refusals import UnsupportedModeError
+from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin
+
+__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout"]
+
+_ADVICE = (
+    "use block_size 16 (--block-size 16) with the FlashAttention backend "
+    "(VLLM_ATTENTION_BACKEND=FLASH_ATTN)"
+)
+
+
+class RandKVGPUModelRunner(RandKVRunnerMixin, GPUModelRunner):
+    def randkv_make_compactor(self, layout: KVLayout, block_size: int) -> Any:
+        if self.kv_caches[0].is_cuda:
+            from randkv.triton_compactor import TritonCompactor
+
+            return TritonCompactor(layout, block_size)  # one launch per step
+        return PagedCompactor(layout, block_size)
+
+
+def gpu_kv_layout(
+    cache_shape: tuple[int, ...],
+    block_size: int,
+    blocks_per_kv_block: int,
+    backend: str,
+    num_groups: int = 1,
+) -> KVLayout:
+    """The compactor layout of a GPU KV cache, or UnsupportedModeError naming what was found.
+
+    cache_shape: one layer's KV cache shape; block_size: the scheduler's (allocation) block
+    size; blocks_per_kv_block: kernel blocks per allocation block in vLLM's block table.
+    """
+    if num_groups != 1:
+        raise UnsupportedModeError(
+            f"RandKV needs one KV cache group; backend {backend} uses {num_groups} "
+            "(hybrid block allocation); use a model whose layers all use full attention"
+        )
+    if blocks_per_kv_block != 1:
+        raise UnsupportedModeError(
+            f"RandKV needs the attention kernel's block size to equal the KV block size "
+            f"{block_size}; backend {backend} splits each block into {blocks_per_kv_block} "
+            f"kernel blocks; {_ADVICE}"
+        )
+    if len(cache_shape) == 4 and cache_shape[2] == block_size:
+        return KVLayout.BLOCK_HEAD_SLOT
+    if len(cache_shape) == 5 and cache_shape[0] == 2 and cache_shape[2] == block_size:
+        return KVLayout.KV_BLOCK_SLOT_HEAD
+    raise UnsupportedModeError(
+        f"RandKV does not recognise the KV cache layout {tuple(cache_shape)} of backend "
+        f"{backend} (block size {block_size}); {_ADVICE}"
+    )
+
+
+class RandKVGPUWorker(RandKVWorkerMixin, Worker):
+    vllm_runner_cls = GPUModelRunner
+    randkv_runner_cls = RandKVGPUModelRunner
+
+    def randkv_layout(self) -> KVLayout:
+        runner = self.model_runner
+        cache = runner.kv_caches[0]
+        groups = runner.attn_groups
+        backend = groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
+        return gpu_kv_layout(
+            tuple(cache.shape),
+            self.cache_config.block_size,
+            runner.input_batch.block_table[0].blocks_per_kv_block,
+            backend,
+            len(runner.kv_cache_config.kv_cache_groups),
+        )

@@ -1,0 +1,138 @@
+"""Every vLLM mode RandKV refuses, in one table.
+
+Each entry says what is refused, how to detect it on vLLM's resolved configuration (in the
+engine process, whatever entry point built it), and, when a call-site argument turns it on,
+which argument: `randkv.vllm.LLM`, `randkv serve` and the engine check all read this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class UnsupportedModeError(ValueError):
+    """A vLLM feature whose correctness under RandKV eviction is not shown."""
+
+
+def _set(value: Any) -> bool:
+    return bool(value)
+
+
+def _above_one(value: Any) -> bool:
+    return int(value or 1) > 1
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused mode.
+
+    what: the mode, as the error names it.
+    detect: True when a resolved `VllmConfig` uses the mode.
+    engine_arg: the `vllm.LLM` keyword / `vllm serve` field that turns it on, if any.
+    requested: True when that argument's value asks for the mode.
+    advice: what to do instead (ends the call-site error message).
+    """
+
+    what: str
+    detect: Callable[[Any], bool]
+    engine_arg: str | None = None
+    requested: Callable[[Any], bool] = _set
+    advice: str = ""
+
+    def call_site_message(self, value: Any) -> str:
+        text = f"RandKV does not support {self.what} ({self.engine_arg}={value!r} is set)"
+        return f"{text}; {self.advice}" if self.advice else text
+
+
+def _model(attribute: str) -> Callable[[Any], bool]:
+    return lambda c: bool(getattr(c.model_config, attribute, False))
+
+
+def _parallel(attribute: str) -> Callable[[Any], bool]:
+    return lambda c: getattr(c.parallel_config, attribute, 1) > 1
+
+
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        "speculative decoding",
+        lambda c: c.speculative_config is not None,
+        "speculative_config",
+        advice="remove speculative_config (--speculative-config)",
+    ),
+    Refusal(
+        "KV transfer / disaggregated serving",
+        lambda c: c.kv_transfer_config is not None,
+        "kv_transfer_config",
+        advice="remove kv_transfer_config (--kv-transfer-config)",
+    ),
+    Refusal(
+        "encoder-cache transfer",
+        lambda c: getattr(c, "ec_transfer_config", None) is not None,
+        "ec_transfer_config",
+        advice="remove ec_transfer_config (--ec-transfer-config)",
+    ),
+    Refusal(
+        "pipeline parallelism (not verified)",
+        _parallel("pipeline_parallel_size"),
+        "pipeline_parallel_size",
+        _above_one,
+        advice="RandKV under vLLM pipeline parallelism is not verified (vLLM 0.28.0's CPU "
+        "pipeline parallel fails on its own); use tensor parallelism",
+    ),
+    Refusal("MLA attention (one shared latent cache, not per-head KV)", _model("use_mla")),
+    Refusal(
+        "hybrid / attention-free models (state-space or linear layers)",
+        lambda c: _model("is_hybrid")(c) or _model("is_attention_free")(c),
+    ),
+    Refusal("ALiBi (its bias depends on slot distance)", _model("uses_alibi")),
+    Refusal("encoder-decoder models (cross attention)", _model("is_encoder_decoder")),
+    Refusal("sliding-window attention", lambda c: c.model_config.get_sliding_window() is not None),
+    Refusal("M-RoPE multimodal positions", _model("uses_mrope")),
+    # vLLM runs the data-parallel ranks of a dense model as independent engines (each sees
+    # data_parallel_size == 1 here), which RandKV supports like separate replicas; MoE ranks
+    # step in lockstep with dummy batches.
+    Refusal(
+        "lockstep data parallelism of MoE models (not verified; run independent replicas)",
+        _parallel("data_parallel_size"),
+    ),
+    Refusal("decode context parallelism", _parallel("decode_context_parallel_size")),
+    Refusal("prefill context parallelism", _parallel("prefill_context_parallel_size")),
+    Refusal(
+        "async scheduling (set async_scheduling=False, --no-async-scheduling)",
+        lambda c: bool(c.scheduler_config.async_scheduling),
+        "async_scheduling",
+        advice="RandKV needs synchronous scheduling (a round's directive must reach the "
+        "workers in the step it fires); remove async_scheduling=True (--async-scheduling)",
+    ),
+    Refusal(
+        "vLLM's V2 model runner (set VLLM_USE_V2_MODEL_RUNNER=0)",
+        lambda c: bool(getattr(c, "use_v2_model_runner", False)),
+    ),
+    Refusal(
+        "quantized KV cache (use kv_cache_dtype='auto')",
+        lambda c: c.cache_config.cache_dtype not in ("auto", None),
+        "kv_cache_dtype",
+        lambda value: value not in (None, "auto"),
+        advice="use kv_cache_dtype='auto' (--kv-cache-dtype auto)",
+    ),
+)
+
+#: The call-site arguments some refusal reads (`randkv serve` passes these through).
+REFUSED_ENGINE_ARGS: tuple[str, ...] = tuple(r.engine_arg for r in REFUSALS if r.engine_arg)
+
+
+def refuse_engine_kwargs(kwargs: dict[str, Any]) -> None:
+    """Raise for the first call-site argument that asks for a refused mode."""
+    for refusal in REFUSALS:
+        if refusal.engine_arg is None:
+            continue
+        value = kwargs.get(refusal.engine_arg)
+        if value is not None and refusal.requested(value):
+            raise UnsupportedModeError(refusal.call_site_message(value))
+
+
+def refused_modes(vllm_config: Any) -> list[str]:
+    """The refused modes a resolved VllmConfig uses (empty: RandKV can serve it)."""
+    return [refusal.what for refusal in REFUSALS if refusal.detect(vllm_config)]

@@ -1,0 +1,161 @@
+"""The GPU path without a GPU: clean imports, start-up defaults on a CUDA platform, and the
+refusals of KV layouts the compactor would corrupt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from randkv import RandKVConfig  # noqa: E402
+from randkv.compactor import KVLayout  # noqa: E402
+from randkv.vllm import engine_args  # noqa: E402
+from randkv.vllm.class_swap import swap_class  # noqa: E402
+from randkv.vllm.refusals import UnsupportedModeError  # noqa: E402
+
+
+def test_importing_the_gpu_worker_leaves_torch_cuda_alone():
+    """vLLM's CPU worker package patches torch.cuda process-wide; the GPU worker must not
+    import it, directly or through RandKV's shared worker code."""
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        before = (torch.cuda.Event, torch.cuda.Stream, torch.cuda.current_stream,
+                  torch.Tensor.pin_memory)
+        import randkv.vllm.gpu_worker
+        after = (torch.cuda.Event, torch.cuda.Stream, torch.cuda.current_stream,
+                 torch.Tensor.pin_memory)
+        print([a is b for a, b in zip(before, after)])
+        print("vllm.v1.worker.cpu.shm" in sys.modules)
+        import randkv.vllm.worker  # the CPU worker does patch: the check above can fail
+        print(torch.cuda.Event is before[0] and "vllm.v1.worker.cpu.shm" not in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()[-3:]
+    assert lines == ["[True, True, True, True]", "False", "False"], out.stdout
+
+
+@pytest.fixture
+def cuda_platform(monkeypatch):
+    """vLLM's current platform mocked as CUDA (nothing else of vLLM is touched)."""
+    import vllm.platforms
+
+    fake = types.SimpleNamespace(is_cpu=lambda: False, is_rocm=lambda: False, is_cuda=lambda: True)
+    monkeypatch.setattr(vllm.platforms, "_current_platform", fake)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    return fake
+
+
+def _vllm_picks_v2_runner(monkeypatch) -> bool:
+    """vLLM 0.28.0's own `VllmConfig.use_v2_model_runner` for a dense Qwen3 on CUDA with
+    Triton, evaluated on a stand-in config (no model, no GPU)."""
+    from vllm import envs
+    from vllm.config import vllm as vllm_config_module
+
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
+    vllm_config_module.default_v2_model_runner_architectures.cache_clear()
+    envs.disable_envs_cache()
+    config_cls = vllm_config_module.VllmConfig
+    fake = types.SimpleNamespace(
+        parallel_config=types.SimpleNamespace(prefill_context_parallel_size=1),
+        speculative_config=None,
+        model_config=types.SimpleNamespace(
+            is_diffusion=False,
+            runner_type="generate",
+            architectures=["Qwen3ForCausalLM"],
+            is_hybrid=False,
+            is_attention_free=False,
+            is_moe=False,
+        ),
+    )
+    for name in (
+        "_dflash_needs_multi_kv_group",
+        "_is_dflash2_draft",
+        "_is_default_v2_model_runner_model",
+    ):
+        setattr(fake, name, types.MethodType(getattr(config_cls, name), fake))
+    fake._get_v2_model_runner_unsupported_features = lambda: []
+    return config_cls.use_v2_model_runner.fget(fake)
+
+
+def test_on_cuda_randkv_starts_with_the_v1_runner_and_sync_scheduling(cuda_platform, monkeypatch):
+    assert _vllm_picks_v2_runner(monkeypatch) is True  # vLLM's default RandKV must undo
+    kwargs = engine_args.randkv_engine_kwargs(RandKVConfig(), {"dtype": "bfloat16"})
+    assert kwargs["worker_cls"] == "randkv.vllm.gpu_worker.RandKVGPUWorker"
+    assert kwargs["async_scheduling"] is False
+    import os
+
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert _vllm_picks_v2_runner(monkeypatch) is False
+
+
+def test_asking_for_v2_or_async_on_cuda_names_the_setting(cuda_platform, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(UnsupportedModeError, match="set VLLM_USE_V2_MODEL_RUNNER=0"):
+        engine_args.randkv_engine_kwargs(RandKVConfig(), {})
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    with pytest.raises(UnsupportedModeError, match=r"remove async_scheduling=True"):
+        engine_args.randkv_engine_kwargs(RandKVConfig(), {"async_scheduling": True})
+
+
+def test_engine_check_names_the_v2_runner_variable():
+    from randkv.vllm.refusals import REFUSALS
+
+    v2 = [r for r in REFUSALS if "V2 model runner" in r.what]
+    assert len(v2) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in v2[0].what
+
+
+def _layout(shape, block=16, per_kv_block=1, groups=1):
+    from randkv.vllm.gpu_worker import gpu_kv_layout
+
+    return gpu_kv_layout(shape, block, per_kv_block, "FlashInferBackend", groups)
+
+
+def test_gpu_layouts_the_compactor_knows_are_accepted():
+    assert _layout((100, 8, 16, 256)) is KVLayout.BLOCK_HEAD_SLOT  # FlashAttention/FlashInfer
+    assert _layout((2, 100, 16, 8, 128)) is KVLayout.KV_BLOCK_SLOT_HEAD  # split K/V
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # FlashInfer on Hopper: 64-token blocks split into 4 kernel blocks of 16.
+        ({"shape": (400, 8, 16, 256), "block": 64, "per_kv_block": 4}, "into 4 kernel blocks"),
+        ({"shape": (100, 8, 32, 256), "block": 16}, "does not recognise the KV cache layout"),
+        ({"shape": (100, 16, 16, 128, 2)}, "does not recognise"),
+        ({"shape": (100, 8, 16, 256), "groups": 2}, "hybrid block allocation"),
+    ],
+)
+def test_gpu_layouts_that_would_corrupt_are_refused(kwargs, message):
+    with pytest.raises(UnsupportedModeError, match=message) as error:
+        _layout(**kwargs)
+    assert "FlashInferBackend" in str(error.value)
+    assert "; use " in str(error.value)  # what to do instead
+
+
+def test_class_swap_checks_the_exact_vllm_class():
+    class VllmThing:
+        pass
+
+    class OtherThing:
+        pass
+
+    class RandKVThing(VllmThing):
+        pass
+
+    thing = VllmThing()
+    swap_class(thing, VllmThing, RandKVThing)
+    assert type(thing) is RandKVThing
+    with pytest.raises(UnsupportedModeError, match=r"built a .*OtherThing"):
+        swap_class(OtherThing(), VllmThing, RandKVThing)
+    with pytest.raises(TypeError, match="does not extend"):
+        swap_class(OtherThing(), OtherThing, RandKVThing)

@@ -1,0 +1,54 @@
+"""RandKV's metric table: the README, the Prometheus series and randkv_stats() merging all
+follow it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from randkv.vllm.metrics import METRICS, Ranks, Source, markdown_table, merge_ranks  # noqa: E402
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_shows_the_metric_table():
+    assert markdown_table() in README.read_text(), (
+        "README's /metrics table differs from randkv.vllm.metrics.METRICS; paste "
+        "randkv.vllm.metrics.markdown_table() into it"
+    )
+
+
+def test_every_metric_has_one_series_with_its_name():
+    from randkv.vllm.metrics import _collectors
+
+    collectors = _collectors()
+    assert set(collectors) == {m.name for m in METRICS}
+    for metric in METRICS:
+        collector = collectors[metric.name]
+        collector.labels("test-model", "0")
+        family = collector.collect()[0]
+        assert family.type == metric.kind
+        assert metric.series in {sample.name for sample in family.samples}
+
+
+def test_ranks_merge_by_the_table():
+    summed = [m.key for m in METRICS if m.stats_group == "counters" and m.ranks is Ranks.SUMMED]
+    once = [m.key for m in METRICS if m.stats_group == "counters" and m.ranks is Ranks.ONCE]
+    assert "kv_entries_evicted" in summed and "rounds" in once
+    rank0 = {"counters": {key: 3 for key in summed + once}}
+    rank1 = {"counters": {key: 5 if key in summed else 3 for key in summed + once}}
+    merged = merge_ranks([rank0, rank1], "counters")
+    assert all(merged[key] == 8 for key in summed)
+    assert all(merged[key] == 3 for key in once)
+    rank1["counters"]["rounds"] = 4
+    with pytest.raises(RuntimeError, match="ranks disagree on rounds"):
+        merge_ranks([rank0, rank1], "counters")
+
+
+def test_worker_metrics_cover_the_stats_groups():
+    groups = {(m.source, m.stats_group) for m in METRICS}
+    assert (Source.WORKER, "counters") in groups and (Source.WORKER, "seconds") in groups
+    assert (Source.SCHEDULER, "scheduler") in groups
