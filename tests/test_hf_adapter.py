@@ -6,6 +6,7 @@ CPU only, no network: the tiny random-weight Qwen3 checkpoint is built in a temp
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ import randkv.hf as rh
 from randkv import PromptTooLongError, RandKVConfig, request_key_from_content, spec
 from randkv.models.tiny import PAD_ID
 
+left_pad = partial(rh.left_pad, pad_id=PAD_ID)
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=7)
 CAPACITY = CONFIG.max_physical_length  # K + 2r = 32
 # Different lengths, so rows fire their rounds at different steps.
@@ -49,16 +51,6 @@ def with_cache(model, cache) -> dict:
     """The forward/generate keyword for a cache: `cache` (5.24+) or `past_key_values`."""
     params = inspect.signature(model.forward).parameters
     return {"cache" if "cache" in params else "past_key_values": cache}
-
-
-def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), PAD_ID)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
 
 
 @pytest.fixture(scope="module")

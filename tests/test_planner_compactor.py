@@ -248,3 +248,110 @@ def test_cpu_vec_layout_compaction_matches_per_token_reference():
     assert (
         cpu_vec_token_elements(block_size, head_dim).unique().numel() == 2 * block_size * head_dim
     )
+
+
+# --------------------------------------------------------------------------- host syncs
+
+
+def test_plan_and_apply_make_no_host_sync():
+    """Python-int inputs and a host block table: nothing is read back from tensors."""
+    from randkv.hostsync import count_host_syncs
+
+    config = RandKVConfig(budget=40, buffer_size=6, seed=5)
+    block_size, heads, layers = 4, 2, 3
+    blocks = -(-config.max_physical_length // block_size)
+    block_tables = torch.arange(2 * blocks).view(2, blocks)
+    planner = RoundPlanner(config, range(layers), range(heads))
+    layouts = {
+        KVLayout.BLOCK_HEAD_SLOT: lambda: torch.randn(2 * blocks, heads, block_size, 8),
+        KVLayout.KV_BLOCK_SLOT_HEAD: lambda: torch.randn(2, 2 * blocks, block_size, heads, 4),
+        KVLayout.VLLM_CPU_VEC: lambda: torch.randn(2 * blocks, heads, block_size, 8),
+    }
+    with count_host_syncs() as syncs:
+        # Prompt lengths that need different draw counts take the reordering path too.
+        plan = planner.plan([config.budget, 3], [2**64 - 1, 0], [0, 2**40])
+        keyed = planner.plan([3, 9], to_key_tensor([7, 2**63]), [1, 2])
+        for layout, make in layouts.items():
+            PagedCompactor(layout, block_size).apply(
+                plan, [make() for _ in range(layers)], block_tables
+            )
+    assert syncs.total == 0, dict(syncs.counts)
+    assert tuple(keyed.evicted[1, 2, 1].tolist()) == spec.evicted_slots(
+        config, prompt_length=9, request_key=2**63, round_index=2, layer=2, kv_head=1
+    )
+
+
+def test_planner_matches_spec_with_tiny_chunks_and_mixed_prompts():
+    """One row per chunk, prompts of exactly K (n == r) mixed with short ones: same plan."""
+    config = RandKVConfig(budget=24, buffer_size=6, seed=2**64 - 1)
+    prompts, keys, rounds = [24, 0, 24, 17, 1], [0, 2**63, 2**64 - 1, 5, 6], [0, 2**31 + 3, 7, 1, 0]
+    plan = RoundPlanner(config, [0, 3], [1, 2], scratch_bytes=1).plan(prompts, keys, rounds)
+    whole = RoundPlanner(config, [0, 3], [1, 2]).plan(prompts, keys, rounds)
+    assert torch.equal(plan.evicted, whole.evicted)
+    for b, (prompt, key, index) in enumerate(zip(prompts, keys, rounds, strict=True)):
+        for li, layer in enumerate([0, 3]):
+            for hi, head in enumerate([1, 2]):
+                assert tuple(plan.evicted[b, li, hi].tolist()) == spec.evicted_slots(
+                    config,
+                    prompt_length=prompt,
+                    request_key=key,
+                    round_index=index,
+                    layer=layer,
+                    kv_head=head,
+                )
+
+
+def test_safe_draw_counts_cover_the_spec():
+    """Draw counts are even, >= r, shrink as collisions get rarer, exceed what streams need."""
+    from randkv.planner import _draw_bucket, _safe_draws
+
+    def draws(n, r):
+        return _safe_draws(*_draw_bucket(n, r), r)
+
+    for r in (1, 2, 7, 64):
+        counts = [draws(n, r) for n in (r, r + 1, 2 * r, 300, 5000, 2**31 - 1)]
+        assert all(c % 2 == 0 and c >= r for c in counts)
+        if r > 2:  # collisions dominate rejections here
+            assert counts[:4] == sorted(counts[:4], reverse=True)
+    # n == r is the coupon collector, the worst case: count the spec's draws directly.
+    n = r = 6
+    needed = 0
+    for stream in range(3000):
+        picks, counter = set(), 0
+        while len(picks) < r:
+            value = spec.bounded(spec.draw32(stream, counter), n)
+            counter += 1
+            if value is not None:
+                picks.add(value)
+        needed = max(needed, counter)
+    assert needed < draws(n, r) // 2
+
+
+@pytest.mark.parametrize(
+    "layout", [KVLayout.BLOCK_HEAD_SLOT, KVLayout.KV_BLOCK_SLOT_HEAD, KVLayout.VLLM_CPU_VEC]
+)
+def test_compactor_refuses_kernel_blocks_smaller_than_allocation_blocks(layout):
+    """vLLM split each allocation block of 16 into kernel blocks of 8: refuse, say why."""
+    config = RandKVConfig(budget=16, buffer_size=4)
+    plan = plan_round(
+        config, prompt_lengths=[2], request_keys=[1], round_indices=[0], layers=[0], kv_heads=[0]
+    )
+    if layout is KVLayout.KV_BLOCK_SLOT_HEAD:
+        cache = torch.zeros(2, 8, 8, 1, 4)
+    else:
+        cache = torch.zeros(8, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"holds 8 slots per block .* block size is 16"):
+        PagedCompactor(layout, 16).apply(plan, [cache], torch.zeros(1, 2, dtype=torch.int64))
+
+
+def test_compactor_refuses_caches_with_other_heads_or_dtypes():
+    config = RandKVConfig(budget=16, buffer_size=4)
+    plan = plan_round(
+        config, prompt_lengths=[2], request_keys=[1], round_indices=[0], layers=[0, 1], kv_heads=[0]
+    )
+    compactor = PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, 8)
+    tables = torch.zeros(1, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="plan covers 1 KV heads, the KV caches hold 2"):
+        compactor.apply(plan, [torch.zeros(4, 2, 8, 8)] * 2, tables)
+    with pytest.raises(ValueError, match="dtype"):
+        compactor.apply(plan, [torch.zeros(4, 1, 8, 8), torch.zeros(4, 1, 8, 8).half()], tables)

@@ -9,25 +9,25 @@ from __future__ import annotations
 import inspect
 import json
 import random
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import randkv.hf as rh
-from randkv import RandKVConfig
-from randkv.planner import RoundPlanner, to_key_tensor
+from randkv import RandKVConfig, spec
+from randkv.models.tiny import PAD_ID
 from randkv.quality import evaluate as quality_eval
 from randkv.quality.checker import check_answer, parse_prompt
 from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
-from randkv.quality.evictors.h2o import H2O
-from randkv.quality.evictors.snapkv import SnapKV
-from randkv.quality.evictors.tova import TOVA
 from randkv.quality.stats import paired_comparison, sign_test, wilson_interval
 from randkv.quality.task import TaskConfig, make_problem, make_problems
+from randkv.selectors import H2O, TOVA, AttentionStep, RoundView, Selector, SnapKV
 
+left_pad = partial(rh.left_pad, pad_id=PAD_ID)
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=3)
 PROMPTS = [list(b"RandKV quality"), list(b"hi"), list(b"the quick brown fox")]
 NEW_TOKENS = 60  # 8 to 10 rounds per row
@@ -47,16 +47,6 @@ def eager(ckpt: Path):
     return AutoModelForCausalLM.from_pretrained(
         ckpt, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-
-
-def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), 258)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids, mask
 
 
 # --------------------------------------------------------------------------- task and checker
@@ -154,17 +144,25 @@ def test_statistics_match_scipy():
 # --------------------------------------------------------------------------- evictors
 
 
-class _SpecSelector:
-    """A selector that asks the spec's planner: must reproduce selector=None bit for bit."""
+@dataclass(frozen=True)
+class _SpecSelector(Selector):
+    """A selector that asks the spec, one (row, layer, head) at a time, from what the view
+    says: must reproduce selector=None bit for bit."""
 
-    def select(self, cache, rows, round_indices):
-        planner = RoundPlanner(cache.config, range(cache.num_layers), range(cache.num_kv_heads))
-        keys = to_key_tensor([cache.request_keys[b] for b in rows])
-        prompts = [cache.prompt_length(b) for b in rows]
-        return planner.plan(prompts, keys, list(round_indices)).evicted
+    def select(self, view):
+        def holes(row: int, layer: int, head: int) -> tuple[int, ...]:
+            return spec.evicted_slots(
+                view.config,
+                prompt_length=int(view.prompt_lengths[row]),
+                request_key=int(view.request_keys[row]) & spec.MASK64,
+                round_index=int(view.round_indices[row]),
+                layer=layer,
+                kv_head=head,
+            )
 
-    def after_round(self, cache, rows, plan):
-        pass
+        rows = range(len(view.rows))
+        table = [[[holes(b, i, h) for h in view.kv_heads] for i in view.layers] for b in rows]
+        return torch.tensor(table, dtype=torch.int64)
 
 
 def test_selector_path_reproduces_randkv_exactly(eager):
@@ -250,17 +248,25 @@ def test_randkv_noprompt_draws_over_the_prompt_too(eager):
     assert lost > 0
 
 
-def _fake_cache(positions: torch.Tensor, prompt: int, query_slots: torch.Tensor):
-    rows, layers, heads, _ = positions.shape
-    return SimpleNamespace(
+def _choose(policy, positions: torch.Tensor, prompt: int, query_slots, weights) -> torch.Tensor:
+    """Feed layer-0 `weights` to the policy as the cache does, then let it choose a round."""
+    rows, layers, heads, cap = positions.shape
+    statistic = torch.zeros(rows, layers, heads, cap)
+    for w in weights:
+        policy.observe(AttentionStep(CONFIG, 0, w, query_slots, heads), statistic[:, 0])
+    view = RoundView(
         config=CONFIG,
-        batch_rows=rows,
-        num_layers=layers,
-        num_kv_heads=heads,
+        rows=torch.arange(rows),
+        round_indices=torch.zeros(rows, dtype=torch.int64),
+        prompt_lengths=torch.full((rows,), prompt),
+        request_keys=torch.zeros(rows, dtype=torch.int64),
+        layers=tuple(range(layers)),
+        kv_heads=tuple(range(heads)),
+        device=torch.device("cpu"),
         positions=positions,
-        last_query_slots=query_slots,
-        prompt_length=lambda row: prompt,
+        attention=statistic,
     )
+    return policy.select(view)
 
 
 def _oracle_lowest(scores: list[float], allowed: list[int], count: int) -> list[int]:
@@ -278,14 +284,11 @@ def test_scored_selection_rules_against_python_oracles():
     positions[0, 0, 1, :prompt] = torch.arange(prompt)
     positions[0, 0, 1, prompt:] = prompt + torch.randperm(cap - prompt, generator=rng)
     weights = [torch.rand(1, 4, 1, cap, generator=rng) for _ in range(r)]
-    cache = _fake_cache(positions, prompt, torch.tensor([[cap - 1]]))
+    query_slots = torch.tensor([[cap - 1]])
     sums = sum(w[0] for w in weights)  # (4, 1, cap)
     group = [(sums[0, 0] + sums[1, 0]).tolist(), (sums[2, 0] + sums[3, 0]).tolist()]
 
-    h2o = H2O()
-    for w in weights:
-        h2o.observe(cache, 0, w)
-    chosen = h2o.select(cache, [0], [0])[0, 0]
+    chosen = _choose(H2O(), positions, prompt, query_slots, weights)[0, 0]
     for head in range(2):
         pos = positions[0, 0, head].tolist()
         candidates = list(range(prompt, k + r))
@@ -294,10 +297,8 @@ def test_scored_selection_rules_against_python_oracles():
         allowed = [s for s in candidates if s not in newest]
         assert chosen[head].tolist() == _oracle_lowest(group[head], allowed, r)
 
-    snap = SnapKV(kernel=3)
-    for w in weights:
-        snap.observe(cache, 0, w)  # the query sits in a buffer slot, so every step votes
-    chosen = snap.select(cache, [0], [0])[0, 0]
+    # The query sits in a buffer slot, so every step votes.
+    chosen = _choose(SnapKV(kernel=3), positions, prompt, query_slots, weights)[0, 0]
     for head in range(2):
         pos = positions[0, 0, head].tolist()
         by_position = {p: group[head][s] for s, p in enumerate(pos)}
@@ -305,10 +306,7 @@ def test_scored_selection_rules_against_python_oracles():
         pooled = [sum(by_position.get(pos[s] + d, 0.0) for d in (-1, 0, 1)) / 3 for s in range(cap)]
         assert chosen[head].tolist() == _oracle_lowest(pooled, list(range(prompt, k + r)), r)
 
-    tova = TOVA()
-    for w in weights:
-        tova.observe(cache, 0, w)
-    chosen = tova.select(cache, [0], [0])[0, 0]
+    chosen = _choose(TOVA(), positions, prompt, query_slots, weights)[0, 0]
     last = weights[-1][0, :, 0].mean(0).tolist()
     for head in range(2):
         assert chosen[head].tolist() == _oracle_lowest(last, list(range(prompt, k + r)), r)

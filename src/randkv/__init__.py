@@ -6,6 +6,7 @@ live in `randkv.planner` and `randkv.compactor`.
 
 from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.spec import (
+    coerce_request_key,
     evicted_slots,
     num_rounds,
     physical_length,
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PromptTooLongError",
     "RandKVConfig",
+    "coerce_request_key",
     "evicted_slots",
     "num_rounds",
     "physical_length",

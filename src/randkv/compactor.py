@@ -14,6 +14,12 @@ Supported layouts, by logical shape (any dense stride order, e.g. vLLM's NHD):
   is declared (num_blocks, num_kv_heads, block_size, 2 * head_size), but inside each
   (block, head) the kernels store K column-major as [head_size, block_size] followed by
   V row-major as [block_size, head_size]; a token's K is strided, its V contiguous.
+
+Every layout's cache must hold exactly `block_size` slots per block (`check_caches`);
+a backend that splits allocation blocks into smaller kernel blocks is refused. `apply`
+makes no host sync: host block tables go to the device pinned and non-blocking, and
+nothing is read back. On CUDA, `randkv.triton_compactor.TritonCompactor` does the same
+moves in one kernel launch.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from randkv.hostsync import host_to_device
 from randkv.planner import RoundPlan
 
 
@@ -32,13 +39,15 @@ class KVLayout(enum.Enum):
     VLLM_CPU_VEC = "vllm_cpu_vec"
 
 
-def cpu_vec_token_elements(block_size: int, head_size: int) -> torch.Tensor:
+def cpu_vec_token_elements(
+    block_size: int, head_size: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Offsets, inside one (block, head) of the VLLM_CPU_VEC layout, of each token's K then V.
 
     Row t lists the 2 * head_size elements that hold token t (t = offset in the block).
     """
-    token = torch.arange(block_size)[:, None]
-    dim = torch.arange(head_size)[None, :]
+    token = torch.arange(block_size, device=device)[:, None]
+    dim = torch.arange(head_size, device=device)[None, :]
     keys = dim * block_size + token  # column-major [head_size, block_size]
     values = block_size * head_size + token * head_size + dim  # row-major after K
     return torch.cat((keys, values), dim=1)
@@ -77,6 +86,14 @@ def _row_numbers(cache: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.
     return offset // cache.shape[-1]
 
 
+def _on_device(
+    plan: RoundPlan, block_tables: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The plan's tensors and the block tables on `device`, without a host sync."""
+    tables = host_to_device(block_tables.to(torch.int64), device)
+    return host_to_device(plan.evicted, device), host_to_device(plan.sources, device), tables
+
+
 def _slot_coordinates(
     slots: torch.Tensor, block_tables: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +101,67 @@ def _slot_coordinates(
     batch = slots.shape[0]
     blocks = block_tables.gather(1, (slots // block_size).reshape(batch, -1))
     return blocks.view(slots.shape), slots % block_size
+
+
+def moved_bytes(layout: KVLayout, plan: RoundPlan, caches: Sequence[torch.Tensor]) -> int:
+    """Bytes a compactor writes applying `plan` to `caches` (keys and values)."""
+    per_token = caches[0].shape[-1] * caches[0].element_size()
+    if layout is KVLayout.KV_BLOCK_SLOT_HEAD:
+        per_token *= 2
+    return plan.num_moves * per_token
+
+
+def cache_geometry(layout: KVLayout, cache: torch.Tensor) -> tuple[int, int]:
+    """(slots per block, KV heads) of one layer's cache in `layout`."""
+    if layout is KVLayout.KV_BLOCK_SLOT_HEAD:
+        if cache.dim() != 5 or cache.shape[0] != 2:
+            raise ValueError(
+                f"layout {layout.value} expects (2, num_blocks, block_size, num_kv_heads, "
+                f"head_size), got a KV cache of shape {tuple(cache.shape)}"
+            )
+        return cache.shape[2], cache.shape[3]
+    if cache.dim() != 4:
+        raise ValueError(
+            f"layout {layout.value} expects (num_blocks, num_kv_heads, block_size, X), "
+            f"got a KV cache of shape {tuple(cache.shape)}"
+        )
+    return cache.shape[2], cache.shape[1]
+
+
+def check_caches(
+    layout: KVLayout, block_size: int, plan: RoundPlan, caches: Sequence[torch.Tensor]
+) -> None:
+    """Refuse caches a compactor would index wrongly (shared by every compactor)."""
+    if len(caches) != plan.evicted.shape[1]:
+        raise ValueError(f"plan covers {plan.evicted.shape[1]} layers, got {len(caches)} caches")
+    if not caches:
+        return
+    first = caches[0]
+    if any(
+        c.shape != first.shape
+        or c.stride() != first.stride()
+        or c.dtype != first.dtype
+        or c.device != first.device
+        for c in caches
+    ):
+        raise ValueError(
+            "all layers' KV caches must share one shape, stride order, dtype and device"
+        )
+    found, heads = cache_geometry(layout, first)
+    if found != block_size:
+        # vLLM splits each allocation block into kernel blocks when the attention
+        # backend's kernel block size differs; block ids then index the wrong slots.
+        raise ValueError(
+            f"the KV cache holds {found} slots per block but the compactor's block size is "
+            f"{block_size} (cache_config.block_size): the attention backend splits each "
+            "allocation block into kernel blocks, which RandKV cannot compact. Use a block "
+            "size the backend supports as its kernel block size (e.g. --block-size 16) or "
+            "the FlashAttention backend"
+        )
+    if heads != plan.evicted.shape[2]:
+        raise ValueError(
+            f"plan covers {plan.evicted.shape[2]} KV heads, the KV caches hold {heads}"
+        )
 
 
 class PagedCompactor:
@@ -99,10 +177,7 @@ class PagedCompactor:
 
     def moved_bytes(self, plan: RoundPlan, caches: Sequence[torch.Tensor]) -> int:
         """Bytes written by `apply` (keys and values)."""
-        per_token = caches[0].shape[-1] * caches[0].element_size()
-        if self.layout is KVLayout.KV_BLOCK_SLOT_HEAD:
-            per_token *= 2
-        return plan.num_moves * per_token
+        return moved_bytes(self.layout, plan, caches)
 
     @torch.inference_mode()
     def apply(
@@ -112,15 +187,10 @@ class PagedCompactor:
 
         block_tables (B, max_blocks) holds each planned request's block ids in row b.
         """
-        if len(caches) != plan.evicted.shape[1]:
-            raise ValueError(
-                f"plan covers {plan.evicted.shape[1]} layers, got {len(caches)} caches"
-            )
+        check_caches(self.layout, self.block_size, plan, caches)
         if plan.evicted.shape[0] == 0:
             return
         first = caches[0]
-        if any(c.shape != first.shape or c.stride() != first.stride() for c in caches):
-            raise ValueError("all layers' KV caches must share one shape and stride order")
         if self.layout is KVLayout.VLLM_CPU_VEC:
             self._apply_cpu_vec(plan, caches, block_tables)
             return
@@ -136,17 +206,14 @@ class PagedCompactor:
         first = caches[0]
         if not first.is_contiguous():
             raise ValueError("vLLM CPU KV caches must be contiguous")
-        num_blocks, heads, block_size, two_d = first.shape
-        if block_size != self.block_size:
-            raise ValueError(f"cache block size {block_size} != compactor's {self.block_size}")
+        _, heads, block_size, two_d = first.shape
         device = first.device
-        elements = cpu_vec_token_elements(block_size, two_d // 2).to(device)
+        elements = cpu_vec_token_elements(block_size, two_d // 2, device)
         chunk = block_size * two_d  # elements per (block, head)
-        evicted = plan.evicted.to(device)
+        evicted, sources, block_tables = _on_device(plan, block_tables, device)
         batch, _, _, r = evicted.shape
-        block_tables = block_tables.to(device=device, dtype=torch.int64)
         head = torch.arange(heads, device=device)[None, None, :, None]
-        sources = plan.sources.to(device)[None, None, None, :].expand(batch, 1, heads, r)
+        sources = sources[None, None, None, :].expand(batch, 1, heads, r)
 
         def element_index(slots: torch.Tensor) -> torch.Tensor:
             blocks, offsets = _slot_coordinates(slots, block_tables, block_size)
@@ -164,11 +231,10 @@ class PagedCompactor:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Row numbers of the moved tokens: sources (n,) shared by layers, holes (L, n)."""
         device = cache.device
-        evicted = plan.evicted.to(device)
+        evicted, sources, block_tables = _on_device(plan, block_tables, device)
         batch, layers, heads, r = evicted.shape
-        block_tables = block_tables.to(device=device, dtype=torch.int64)
         head = torch.arange(heads, device=device)[None, None, :, None]
-        sources = plan.sources.to(device)[None, None, None, :].expand(batch, 1, heads, r)
+        sources = sources[None, None, None, :].expand(batch, 1, heads, r)
         src_block, src_offset = _slot_coordinates(sources, block_tables, self.block_size)
         dst_block, dst_offset = _slot_coordinates(evicted, block_tables, self.block_size)
         if self.layout is KVLayout.BLOCK_HEAD_SLOT:
@@ -176,7 +242,7 @@ class PagedCompactor:
             dst = _row_numbers(cache, (dst_block, head, dst_offset))
         else:
             # Each token has a K row and, one half of the tensor further, a V row.
-            half = torch.tensor([0, 1], device=device)[None, None, :, None, None]
+            half = torch.arange(2, device=device)[None, None, :, None, None]
             head = head[:, :, None]
             src = _row_numbers(cache, (half, src_block[:, :, None], src_offset[:, :, None], head))
             dst = _row_numbers(cache, (half, dst_block[:, :, None], dst_offset[:, :, None], head))

@@ -3,19 +3,28 @@
 One call plans a round for many requests and all layers x KV heads at once, on any
 device. Hash arithmetic runs in int64 with wrap-around, which reproduces the spec's
 arithmetic modulo 2**64 on CPU and CUDA alike; logical right shifts are masked.
+
+Host syncs: none. Every size and loop bound is computed on the host from the Python-int
+inputs; each stream is given enough draws (see `_safe_draws`) that the spec's sampling
+finishes within them except with probability < 2**-100, so there is no "too few draws"
+retry to decide on the host. That case is still checked, on the device, by an assert
+(`torch._assert_async`): the call fails rather than return a plan that differs from the
+spec (on CUDA the failure surfaces asynchronously, as a device-side assert).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from randkv import spec
 from randkv.config import RandKVConfig
+from randkv.hostsync import host_to_device
+from randkv.rounds import RoundPlan as RoundPlan  # its home is randkv.rounds; re-exported
+from randkv.rounds import source_slots
 
 
 def _signed(value: int) -> int:
@@ -28,7 +37,6 @@ _GAMMA = _signed(spec.GOLDEN_GAMMA)
 _MULT_1 = _signed(spec.MIX_MULTIPLIER_1)
 _MULT_2 = _signed(spec.MIX_MULTIPLIER_2)
 _LOW32 = 0xFFFFFFFF
-_TABLE_BYTES = 32 * 2**20  # scratch per chunk of rows in the first-draw table
 
 
 def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -52,28 +60,99 @@ def to_key_tensor(keys: Sequence[int], device: torch.device | str | None = None)
     return torch.tensor([_signed(k) for k in keys], dtype=torch.int64, device=device)
 
 
-@dataclass(frozen=True)
-class RoundPlan:
-    """One eviction round for a batch of requests.
+_SCRATCH_BYTES = 64 * 2**20  # default working memory per chunk of rows
+_BYTES_PER_DRAW = 48  # per row and draw: words, halves, products, values, flags, ranks
+# Draw counts are sized so that a stream runs short with probability < 2**-100 (the hash
+# modelled as random); if one ever does, a device-side assert fails the call.
+_LOG_FAILURE = 100 * math.log(2)
 
-    evicted[b, l, h] are the r slots (in draw order) that request b, layer l, head h
-    empties; the token in slot sources[i] then moves into evicted[b, l, h, i].
+
+def _draw_bucket(n: int, r: int) -> tuple[int, int]:
+    """A cache-friendly range [low, low + width) holding n: n rounded down to 8 bits, >= r."""
+    width = 1 << max(0, n.bit_length() - 8)
+    return max(r, n - n % width), width
+
+
+@lru_cache(maxsize=4096)
+def _safe_draws(low: int, width: int, r: int) -> int:
+    """Even draw count giving r distinct accepted values out of any n in [low, low + width),
+    except with probability < 2**-100.
+
+    The draws needed are a sum of r geometric variables (the i-th new value succeeds with
+    probability accept * (n - i) / n); this is the Chernoff bound on its upper tail,
+    minimised over t by golden-section search (the bound is quasi-convex in t).
     """
+    # The rejection threshold, 2**32 mod n: exact for one n, else bounded by n.
+    threshold = (1 << 32) % low if width == 1 else low + width
+    accept = 1 - threshold / 2**32
+    probs = [accept * (low - i) / low for i in range(r)]
+    if probs[-1] >= 1.0:
+        return r + r % 2
 
-    evicted: torch.Tensor  # (requests, layers, kv_heads, r) int64
-    sources: torch.Tensor  # (r,) int64: slots K + r .. K + 2r - 1
+    def bound(log_t: float) -> float:  # D + 1 at which P(draws > D) <= 2**-100
+        t = math.exp(log_t)
+        grow = math.exp(t)
+        log_mgf = sum(math.log(p) + t - math.log1p((p - 1) * grow) for p in probs)
+        return (log_mgf + _LOG_FAILURE) / t
 
-    @property
-    def num_moves(self) -> int:
-        return self.evicted.numel()
-
-
-@lru_cache(maxsize=256)
-def _expected_draws(n: int, r: int) -> int:
-    """Draws that almost always yield r distinct values out of n, rounded up to even."""
-    collisions = sum(n / (n - i) for i in range(r)) - r  # coupon collector, expected
-    draws = r + math.ceil(1.1 * collisions + 4 * math.sqrt(collisions + 1)) + 2
+    log_t_max = math.log(-math.log1p(-probs[-1]))  # the MGF is finite below t_max
+    lo, hi = log_t_max - 16.0, log_t_max - 1e-9
+    golden = (math.sqrt(5) - 1) / 2
+    a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+    fa, fb = bound(a), bound(b)
+    for _ in range(40):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - golden * (hi - lo)
+            fa = bound(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + golden * (hi - lo)
+            fb = bound(b)
+    draws = max(r, math.ceil(min(fa, fb)))
     return draws + draws % 2
+
+
+def _table_dtype(num_draws: int) -> torch.dtype:
+    return torch.int16 if num_draws < 2**15 else torch.int32
+
+
+def _row_bytes(max_n: int, num_draws: int) -> int:
+    table = torch.empty((), dtype=_table_dtype(num_draws)).element_size() * (max_n + 1)
+    return table + _BYTES_PER_DRAW * num_draws
+
+
+def _chunks(
+    candidates: Sequence[int], draws: Sequence[int], sites: int, scratch_bytes: int
+) -> list[tuple[int, int, int, int]]:
+    """Row ranges (start, stop, max n, draws) for requests sorted by draws, most first.
+
+    Consecutive requests share a chunk while its scratch fits and their draw counts are
+    within 2x; a request too big for one chunk is split by rows.
+    """
+    groups: list[list[int]] = []  # [first request, stop, max n, draws]
+    for b, (n, d) in enumerate(zip(candidates, draws, strict=True)):
+        if groups:
+            group = groups[-1]
+            max_n = max(group[2], n)
+            rows = (b + 1 - group[0]) * sites
+            if 2 * d > group[3] and rows * _row_bytes(max_n, group[3]) <= scratch_bytes:
+                group[1], group[2] = b + 1, max_n
+                continue
+        groups.append([b, b + 1, n, d])
+    chunks = []
+    for first, stop, max_n, d in groups:
+        step = max(1, scratch_bytes // _row_bytes(max_n, d))
+        for start in range(first * sites, stop * sites, step):
+            chunks.append((start, min(start + step, stop * sites), max_n, d))
+    return chunks
+
+
+def _host_ints(values: torch.Tensor | Sequence[int]) -> list[int]:
+    """Python ints; a tensor is read with .tolist() (free on CPU, a sync on a device)."""
+    if isinstance(values, torch.Tensor):
+        return [int(v) for v in values.reshape(-1).tolist()]
+    return [int(v) for v in values]
 
 
 class RoundPlanner:
@@ -89,8 +168,11 @@ class RoundPlanner:
         layers: Sequence[int],
         kv_heads: Sequence[int],
         device: torch.device | str = "cpu",
+        *,
+        scratch_bytes: int = _SCRATCH_BYTES,
     ) -> None:
         self.config = config
+        self.scratch_bytes = scratch_bytes  # working memory per chunk of planned rows
         self.layers = tuple(layers)
         self.kv_heads = tuple(kv_heads)
         self.device = torch.device(device)
@@ -98,9 +180,7 @@ class RoundPlanner:
         head_t = torch.tensor(self.kv_heads, dtype=torch.int64, device=self.device)
         # Per-site hash states do not depend on the request: compute them once.
         self._site_states = fold_key(fold_key(torch.zeros_like(layer_t), layer_t)[:, None], head_t)
-        self._sources = torch.arange(
-            config.compacted_length, config.max_physical_length, device=self.device
-        )
+        self._sources = torch.tensor(source_slots(config), dtype=torch.int64, device=self.device)
         self._seed_state = _signed(spec.seed_state(config.seed))
 
     def stream_keys(self, request_keys: torch.Tensor, round_indices: torch.Tensor) -> torch.Tensor:
@@ -116,52 +196,69 @@ class RoundPlanner:
         request_keys: torch.Tensor | Sequence[int],
         round_indices: torch.Tensor | Sequence[int],
     ) -> RoundPlan:
-        """Plan one round for each of B requests.
+        """Plan one round for each of B requests, without reading device data back.
 
-        Arguments have shape (B,); request_keys are unsigned 64-bit ints, or an int64
-        tensor of their bit patterns (see `to_key_tensor`).
+        prompt_lengths and round_indices are B Python ints (a tensor is read with
+        .tolist(): free for a CPU tensor, a host sync for a device one). request_keys are
+        B unsigned 64-bit ints, or an int64 tensor of their bit patterns on any device (see
+        `to_key_tensor`). Host data reaches the device in one pinned, non-blocking copy;
+        with Python-int inputs the call makes no host sync.
         """
         config, r, device = self.config, self.config.buffer_size, self.device
-        prompts = torch.as_tensor(prompt_lengths, dtype=torch.int64, device=device)
-        rounds = torch.as_tensor(round_indices, dtype=torch.int64, device=device)
-        batch = prompts.numel()
+        prompts, rounds = _host_ints(prompt_lengths), _host_ints(round_indices)
+        batch = len(prompts)
+        if len(rounds) != batch or len(request_keys) != batch:
+            raise ValueError(
+                f"got {batch} prompt lengths, {len(request_keys)} request keys and "
+                f"{len(rounds)} round indices"
+            )
         shape = (batch, len(self.layers), len(self.kv_heads), r)
         if batch == 0:
-            return RoundPlan(prompts.new_empty(shape), self._sources)
-        longest, shortest = int(prompts.max()), int(prompts.min())
-        config.check_prompt(longest)
-        if shortest < 0:
-            raise ValueError(f"prompt lengths must be >= 0, got {shortest}")
-        if isinstance(request_keys, torch.Tensor):
-            streams = self.stream_keys(request_keys.to(device), rounds)
+            return RoundPlan(torch.empty(shape, dtype=torch.int64, device=device), self._sources)
+        config.check_prompt(max(prompts))
+        if min(prompts) < 0:
+            raise ValueError(f"prompt lengths must be >= 0, got {min(prompts)}")
+        candidates = [config.compacted_length - p for p in prompts]  # n per request, >= r
+        draws = [_safe_draws(*_draw_bucket(n, r), r) for n in candidates]
+        # Requests that need many draws (prompts near K) go first and share chunks.
+        order = sorted(range(batch), key=lambda b: -draws[b])
+        inverse = sorted(range(batch), key=order.__getitem__)
+        tensor_keys = isinstance(request_keys, torch.Tensor)
+        if tensor_keys:
+            second = [_signed(index) for index in rounds]
         else:
             # A few requests per call (the engine's case): per-request states in Python
             # ints are exactly the spec's and save two dozen tiny tensor ops.
-            states = [
+            second = [
                 _signed(spec.request_state(config.seed, key, index))
-                for key, index in zip(request_keys, rounds.tolist(), strict=True)
+                for key, index in zip(request_keys, rounds, strict=True)
             ]
-            state_t = torch.tensor(states, dtype=torch.int64, device=device)
-            streams = fold_key(state_t[:, None, None], self._site_states)
-        streams = streams.reshape(-1)
-        candidates = config.compacted_length - prompts  # n per request, >= r
+        packed = torch.tensor(prompts + second + order + inverse, dtype=torch.int64)
+        prompt_t, second_t, order_t, inverse_t = host_to_device(packed, device).view(4, batch)
+        if tensor_keys:
+            keys = host_to_device(request_keys.to(torch.int64), device)
+            streams = self.stream_keys(keys, second_t)
+        else:
+            streams = fold_key(second_t[:, None, None], self._site_states)
+        permuted = order != list(range(batch))
+        if permuted:
+            streams = streams.index_select(0, order_t)
+            prompt_t = prompt_t.index_select(0, order_t)
         sites = len(self.layers) * len(self.kv_heads)
-        n = candidates.repeat_interleave(sites)[:, None]
+        streams = streams.reshape(-1)
+        n = (config.compacted_length - prompt_t)[:, None].expand(batch, sites).reshape(-1, 1)
         threshold = (1 << 32) % n
-        max_n = config.compacted_length - shortest
-        rows_per_chunk = max(1, _TABLE_BYTES // (4 * (max_n + 1)))
-        num_draws = _expected_draws(config.compacted_length - longest, r)
-        chunks = []
-        for start in range(0, streams.numel(), rows_per_chunk):
-            rows = slice(start, start + rows_per_chunk)
-            draws = num_draws
-            while True:
-                picks = _first_distinct(streams[rows], n[rows], threshold[rows], max_n, draws, r)
-                if picks is not None:
-                    break
-                draws *= 2  # rare: a stream needed more draws; the result does not change
-            chunks.append(picks)
-        evicted = torch.cat(chunks).view(shape) + prompts[:, None, None, None]
+        chunks = _chunks(
+            [candidates[b] for b in order], [draws[b] for b in order], sites, self.scratch_bytes
+        )
+        picks = [
+            _first_distinct(streams[a:z], n[a:z], threshold[a:z], max_n, num_draws, r)
+            for a, z, max_n, num_draws in chunks
+        ]
+        evicted = (picks[0] if len(picks) == 1 else torch.cat(picks)).view(shape)
+        evicted = evicted + prompt_t[:, None, None, None]
+        if permuted:
+            evicted = evicted.index_select(0, inverse_t)
         return RoundPlan(evicted=evicted, sources=self._sources)
 
 
@@ -201,19 +298,23 @@ def _first_distinct(
     max_n: int,
     num_draws: int,
     r: int,
-) -> torch.Tensor | None:
-    """First r distinct accepted draws of each stream, in draw order; None if too few draws."""
+) -> torch.Tensor:
+    """First r distinct accepted draws of each stream, in draw order.
+
+    num_draws must suffice for every row (see `_safe_draws`). Checking that on the host
+    would be a sync; a device-side assert checks it instead (on CUDA a failure surfaces,
+    asynchronously, as a device-side assert error rather than as a wrong plan).
+    """
     values = bounded_draws(streams, n, threshold, num_draws)
-    rows = streams.numel()
-    counters = torch.arange(num_draws, dtype=torch.int32, device=streams.device).expand(rows, -1)
+    rows, device, dtype = streams.numel(), streams.device, _table_dtype(num_draws)
+    counters = torch.arange(num_draws, dtype=dtype, device=device).expand(rows, -1)
     # first_draw[row, v] = the earliest draw index that produced value v.
-    first_draw = torch.full((rows, max_n + 1), num_draws, dtype=torch.int32, device=streams.device)
+    first_draw = torch.full((rows, max_n + 1), num_draws, dtype=dtype, device=device)
     first_draw.scatter_reduce_(1, values, counters, reduce="amin")
     is_first = (first_draw.gather(1, values) == counters) & (values < n)
-    rank = is_first.cumsum(1)
-    if bool((rank[:, -1] < r).any()):
-        return None
+    rank = is_first.cumsum(1, dtype=torch.int32)
+    torch._assert_async(rank[:, -1].min() >= r, "RandKV planner: a stream ran out of draws")
     # Scatter the r earliest first occurrences to columns 0 .. r-1; the rest to column r.
-    column = torch.where(is_first & (rank <= r), rank - 1, r)
+    column = torch.where(is_first & (rank <= r), rank - 1, r).to(torch.int64)
     picks = values.new_zeros((rows, r + 1)).scatter_(1, column, values)
     return picks[:, :r]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from randkv.config import RandKVConfig
+from randkv.rounds import move_slots
 
 
 class SlotPositionMap:
@@ -39,10 +40,8 @@ class SlotPositionMap:
         """Apply one request's plan: evicted (L, H, r) holes take the tokens at `sources`."""
         if self.length != self.config.max_physical_length:
             raise ValueError(f"a round needs physical length K + 2r, have {self.length}")
-        moved = self.positions[:, :, sources.cpu()]
-        self.positions.scatter_(2, evicted.cpu(), moved)
+        move_slots(self.positions, evicted, sources, fill=-1)
         self.length = self.config.compacted_length
-        self.positions[:, :, self.length :] = -1
 
     def slot_positions(self, layer: int, kv_head: int) -> tuple[int, ...]:
         return tuple(self.positions[layer, kv_head, : self.length].tolist())

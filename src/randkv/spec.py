@@ -13,10 +13,12 @@ Terms
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections.abc import Iterable
 from functools import lru_cache
 
 from randkv.config import RandKVConfig
+from randkv.rounds import move_slots, source_slots
 
 MASK64 = (1 << 64) - 1
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -153,11 +155,6 @@ def evicted_slots(
     return tuple(prompt_length + p for p in picks)
 
 
-def source_slots(config: RandKVConfig) -> tuple[int, ...]:
-    """Slots of the r newest tokens when a round fires; the i-th fills the i-th hole."""
-    return tuple(range(config.compacted_length, config.max_physical_length))
-
-
 def slot_positions(
     config: RandKVConfig,
     *,
@@ -186,8 +183,7 @@ def slot_positions(
             layer=layer,
             kv_head=kv_head,
         )
-        for i, hole in enumerate(holes):
-            slots[hole] = slots[k_plus_r + i]
+        move_slots(slots, holes, source_slots(config))
     last_fired = round_fires_at(config, rounds - 1)
     tail = range(last_fired, tokens_seen)
     return tuple(slots[:k_plus_r]) + tuple(tail)
@@ -228,6 +224,34 @@ def _digest64(data: bytes) -> int:
 def request_key_from_text(text: str) -> int:
     """A 64-bit request key from a caller-chosen string (blake2b-64 of its UTF-8 bytes)."""
     return _digest64(b"randkv-key:" + text.encode("utf-8"))
+
+
+#: What callers may pass as a request key: an unsigned 64-bit int, or a str (hashed).
+RequestKey = int | str
+
+
+def coerce_request_key(value: object) -> int:
+    """The 64-bit request key for what a caller passed.
+
+    An int in [0, 2**64 - 1] is the key itself; a str is `request_key_from_text(value)`.
+    Anything else (float, bool, bytes, a sequence, an out-of-range int) is refused with an
+    error that names the accepted types.
+    """
+    if isinstance(value, str):
+        return request_key_from_text(value)
+    # numbers.Integral admits numpy integers; bool is an int subclass but never a key.
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        key = int(value)
+        if not 0 <= key <= MASK64:
+            raise ValueError(
+                f"request key {key} is out of range: a request key must be an int in "
+                "[0, 2**64 - 1] (unsigned 64-bit) or a str (hashed by request_key_from_text)"
+            )
+        return key
+    raise TypeError(
+        "a request key must be an int in [0, 2**64 - 1] or a str (hashed by "
+        f"request_key_from_text); got {type(value).__name__} {value!r}"
+    )
 
 
 def request_key_from_content(

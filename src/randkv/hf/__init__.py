@@ -8,7 +8,7 @@
 Tested with transformers 5.0.0, 5.12.1, 5.18.0 and 5.24.0 (torch 2.13, CPU).
 """
 
-from randkv.hf.cache import RandKVCache, prompt_rows
+from randkv.hf.cache import RandKVCache, left_pad, prompt_rows
 from randkv.hf.generate import (
     TeacherForced,
     generate,
@@ -23,6 +23,7 @@ __all__ = [
     "UnsupportedModelError",
     "check_supported",
     "generate",
+    "left_pad",
     "prompt_rows",
     "reference_decode",
     "teacher_forced_logprobs",

@@ -32,13 +32,15 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from randkv import spec
+from randkv.cadence import latest_round_index, physical_lengths
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.config import RandKVConfig
-from randkv.hf.selector import EvictionSelector
 from randkv.hf.support import check_supported
-from randkv.planner import RoundPlan, RoundPlanner, to_key_tensor
+from randkv.planner import to_key_tensor
+from randkv.rounds import RoundPlan
+from randkv.selectors import AttentionStep, RandKV, RoundView, Selector
 
-__all__ = ["RandKVCache", "prompt_rows"]
+__all__ = ["RandKVCache", "left_pad", "prompt_rows"]
 
 _PADDED_BATCH_HINT = (
     "rows of this batch hold different numbers of tokens (left padding or different prompt "
@@ -76,6 +78,17 @@ def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
             )
         rows.append([int(t) for t in ids[b, ids.shape[1] - count :]])
     return rows
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a left-padded batch of token rows; `prompt_rows` undoes it."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+        mask[b, width - len(row) :] = 1
+    return ids, mask
 
 
 def _synchronize(device: torch.device) -> None:
@@ -162,18 +175,20 @@ class RandKVCache(Cache):
     """A Transformers cache holding at most K + 2r tokens per (row, layer, KV head).
 
     Each batch row is one RandKV request with its own request key, prompt length and rounds.
-    Decisions are `randkv.spec`'s, drawn by `RoundPlanner` and applied by `PagedCompactor`.
+    Decisions are the selector's (by default `randkv.selectors.RandKV`: `randkv.spec`'s, drawn
+    by `RoundPlanner`), applied by `PagedCompactor`.
 
     Args:
         model_or_config: the model (or its config); must be a full-attention decoder.
         randkv: the RandKV settings (a RandKVConfig, a dict, or True for defaults).
-        request_keys: one unsigned 64-bit key per batch row.
+        request_keys: one key per batch row: an unsigned 64-bit int, or a str (hashed by
+            `randkv.request_key_from_text`).
         prompt_lengths: per-row prompt lengths; default: the tokens of each row's first
             forward (the prefill). Give them when the prefill runs in chunks.
         track_positions: keep the slot -> absolute position map of every (row, layer, head)
             (needed by `slot_positions` / `retained_positions`).
-        selector: another policy choosing which slots a round empties, on the same cadence
-            (`randkv.hf.selector.EvictionSelector`); None (default) is RandKV itself.
+        selector: the policy choosing which slots a round empties, on the same cadence
+            (a `randkv.selectors.Selector`); None (default) is `RandKV()`, the spec itself.
     """
 
     def __init__(
@@ -181,22 +196,28 @@ class RandKVCache(Cache):
         model_or_config: Any,
         randkv: RandKVConfig | dict[str, Any] | bool,
         *,
-        request_keys: Sequence[int],
+        request_keys: Sequence[spec.RequestKey],
         prompt_lengths: Sequence[int] | None = None,
         track_positions: bool = True,
-        selector: EvictionSelector | None = None,
+        selector: Selector | None = None,
     ) -> None:
         config = getattr(model_or_config, "config", model_or_config)
         check_supported(config)
         randkv_config = RandKVConfig.coerce(randkv)
         if randkv_config is None:
             raise ValueError("RandKVCache needs a RandKVConfig (randkv=None means no eviction)")
-        keys = [int(k) for k in request_keys]
+        if isinstance(request_keys, (str, bytes)):
+            raise TypeError("request_keys takes one key per batch row (a list), not one str")
+        keys = [spec.coerce_request_key(k) for k in request_keys]
         if not keys:
             raise ValueError("request_keys must have one key per batch row; got none")
-        for key in keys:
-            if not 0 <= key <= spec.MASK64:
-                raise ValueError(f"request keys are unsigned 64-bit integers, got {key}")
+        selector = RandKV() if selector is None else selector
+        if not isinstance(selector, Selector):
+            raise TypeError(
+                f"selector must be a randkv.selectors.Selector, got {type(selector).__name__}"
+            )
+        if selector.needs_positions and not track_positions:
+            raise ValueError(f"{selector.name} reads slot positions: keep track_positions=True")
         if prompt_lengths is not None:
             if len(prompt_lengths) != len(keys):
                 raise ValueError(
@@ -215,12 +236,12 @@ class RandKVCache(Cache):
         self.request_keys = keys
         self.track_positions = track_positions
         self.selector = selector
+        self.observing = False  # attention hooks are installed (randkv.selectors.attention_hooks)
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
         self._compactor = PagedCompactor(
             KVLayout.BLOCK_HEAD_SLOT, randkv_config.max_physical_length
         )
-        self._planner: RoundPlanner | None = None
         super().__init__(layers=[_RandKVLayer(self, i) for i in range(self.num_layers)])
         self._reset_state()
 
@@ -234,9 +255,9 @@ class RandKVCache(Cache):
         attention_mask: torch.Tensor | None = None,
         *,
         randkv: RandKVConfig | dict[str, Any] | bool,
-        request_keys: Sequence[int] | None = None,
+        request_keys: Sequence[spec.RequestKey] | None = None,
         track_positions: bool = True,
-        selector: EvictionSelector | None = None,
+        selector: Selector | None = None,
     ) -> RandKVCache:
         """A cache for this (left-padded) batch: prompt lengths from the mask, and by default
         content request keys (`randkv.request_key_from_content` of each row's prompt ids)."""
@@ -264,6 +285,7 @@ class RandKVCache(Cache):
         self._columns = 0
         self._step: _Step | None = None
         self._query_slots: torch.Tensor | None = None
+        self._statistic: torch.Tensor | None = None  # the selector's, when it reads attention
         self._groups: list[tuple[list[int], torch.device]] | None = None
         self._positions = (
             torch.full(
@@ -296,8 +318,7 @@ class RandKVCache(Cache):
 
     def physical_length(self, row: int) -> int:
         """Slots this row occupies per head, as the spec counts them (a due round counted)."""
-        length = self._length[row]
-        return self.config.compacted_length if length == self.config.max_physical_length else length
+        return physical_lengths(self.config, self._seen[row])
 
     def buffer_length(self, row: int) -> int:
         """Slots written in the buffer now (K + 2r while a round is due but not yet applied)."""
@@ -330,7 +351,7 @@ class RandKVCache(Cache):
     @property
     def last_query_slots(self) -> torch.Tensor | None:
         """Slot of each query column of the latest forward, (rows, columns) int64, -1 for pad
-        columns. Recorded only when a selector is set (attention-reading selectors need it)."""
+        columns. Recorded only when the selector reads attention (`needs_attention`)."""
         return self._query_slots
 
     def kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -410,7 +431,7 @@ class RandKVCache(Cache):
             self._seen[b] += count
         self._columns += query_length
         self._step = _Step(rows, cols, slots, kv_length, query_length, start)
-        if self.selector is not None:  # what observing selectors need to map attention rows
+        if self.selector.needs_attention:  # maps the columns of attention rows to slots
             self._query_slots = torch.where(real, length[:, None] + rank, -1)
         return inputs
 
@@ -491,23 +512,8 @@ class RandKVCache(Cache):
             raise RuntimeError("RandKVCache: a round is due but some layers hold no keys")
         start = time.perf_counter()
         device = self.layers[0].keys.device
-        if self._planner is None or self._planner.device != device:
-            self._planner = RoundPlanner(
-                self.config, range(self.num_layers), range(self.num_kv_heads), device
-            )
-        round_indices = [(self._seen[b] - capacity) // self.config.buffer_size for b in due]
-        due_t = torch.tensor(due, dtype=torch.int64)
-        if self.selector is None:
-            plan = self._planner.plan(
-                [self._prompts[b] for b in due], self._key_tensor[due_t], round_indices
-            )
-        else:
-            plan = RoundPlan(
-                evicted=self.selector.select(self, due, round_indices).to(device),
-                sources=torch.arange(
-                    self.config.compacted_length, capacity, dtype=torch.int64, device=device
-                ),
-            )
+        view = self._round_view(due, device)
+        plan = RoundPlan.of(self.config, self.selector.select(view).to(device))
         _synchronize(device)
         planned = time.perf_counter()
         for layer_ids, group_device in self._layer_groups():
@@ -515,25 +521,58 @@ class RandKVCache(Cache):
                 evicted=plan.evicted[:, layer_ids].to(group_device),
                 sources=plan.sources.to(group_device),
             )
-            tables = due_t.to(group_device)[:, None]
+            tables = view.rows.to(group_device)[:, None]
             self._compactor.apply(sub, [self.layers[i].keys for i in layer_ids], tables)
             self._compactor.apply(sub, [self.layers[i].values for i in layer_ids], tables)
         _synchronize(device)
         compacted = time.perf_counter()
-        if self._positions is not None:
-            evicted = plan.evicted.cpu()
-            held = self._positions[due_t]
-            held.scatter_(3, evicted, held[..., plan.sources.cpu()])
-            held[..., self.config.compacted_length :] = -1
-            self._positions[due_t] = held
+        self._move_slot_state(view, plan)
         for b in due:
             self._length[b] = self.config.compacted_length
-        if self.selector is not None:
-            self.selector.after_round(self, due_t, plan)
         self.rounds_applied += len(due)
         self.plan_seconds += planned - start
         self.compact_seconds += compacted - planned
         self.eviction_seconds += time.perf_counter() - start
+
+    def _round_view(self, due: list[int], device: torch.device) -> RoundView:
+        """What the selector may read about the due rows (gathered copies, not views)."""
+        rows = torch.tensor(due, dtype=torch.int64)
+        seen = torch.tensor([self._seen[b] for b in due], dtype=torch.int64)
+        return RoundView(
+            config=self.config,
+            rows=rows,
+            round_indices=latest_round_index(self.config, seen),
+            prompt_lengths=torch.tensor([self._prompts[b] for b in due], dtype=torch.int64),
+            request_keys=self._key_tensor[rows],
+            layers=tuple(range(self.num_layers)),
+            kv_heads=tuple(range(self.num_kv_heads)),
+            device=device,
+            positions=None if self._positions is None else self._positions[rows],
+            attention=None if self._statistic is None else self._statistic[rows],
+        )
+
+    def _move_slot_state(self, view: RoundView, plan: RoundPlan) -> None:
+        """Per-slot state follows the round: positions and the selector's statistic."""
+        if self._positions is not None and view.positions is not None:
+            self._positions[view.rows] = plan.apply(view.positions, fill=-1)
+        if self._statistic is not None and view.attention is not None:
+            if self.selector.resets_after_round:
+                self._statistic[view.rows] = 0.0
+            else:
+                self._statistic[view.rows] = plan.apply(view.attention, fill=0.0)
+
+    def observe_attention(self, layer: int, weights: torch.Tensor) -> None:
+        """Fold one layer's attention weights of the current forward, (rows, query heads,
+        queries, slots), into the selector's per-slot statistic (`attention_hooks` calls it)."""
+        if self._query_slots is None:
+            raise RuntimeError(f"{self.selector.name} does not read attention, or no step ran")
+        if self._statistic is None:
+            shape = (self.batch_rows, self.num_layers, self.num_kv_heads)
+            self._statistic = torch.zeros(*shape, self.config.max_physical_length)
+        step = AttentionStep(
+            self.config, layer, weights.float().cpu(), self._query_slots, self.num_kv_heads
+        )
+        self.selector.observe(step, self._statistic[:, layer])
 
     def _layer_groups(self) -> list[tuple[list[int], torch.device]]:
         """Layers whose buffers share device, shape and strides (one compactor call each)."""

@@ -27,6 +27,7 @@ from randkv import spec
 from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache, prompt_rows
 from randkv.hf.support import check_supported
+from randkv.selectors import attention_hooks
 
 __all__ = ["TeacherForced", "generate", "reference_decode", "teacher_forced_logprobs"]
 
@@ -170,7 +171,7 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     *,
     randkv: RandKVConfig | dict[str, Any] | bool | None,
-    request_keys: Sequence[int] | None = None,
+    request_keys: Sequence[spec.RequestKey] | None = None,
     generation_config: GenerationConfig | None = None,
     generator: torch.Generator | None = None,
     cache: RandKVCache | None = None,
@@ -180,14 +181,17 @@ def generate(
     `model.generate`.
 
     Each row of the (left-padded) batch is one request with its own prompt length, request
-    key (default: `randkv.request_key_from_content` of the row's prompt ids) and rounds.
+    key (an int or a str; default: `randkv.request_key_from_content` of the row's prompt ids)
+    and rounds.
     Greedy or sampling (`do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
     `repetition_penalty`), with defaults from the model's generation config; `generator`
     seeds sampling (else torch's global RNG). Rows that emit an EOS token continue with the pad
     token; decoding stops when every row has finished. randkv=None runs plain `model.generate`.
 
     `cache` may be a fresh `RandKVCache` built for this batch (e.g. `RandKVCache.from_inputs`,
-    to inspect retained positions or eviction timings afterwards); randkv is then ignored.
+    to inspect retained positions or eviction timings afterwards, or with another
+    `selector`); randkv is then ignored. A selector that reads attention gets it through
+    `randkv.selectors.attention_hooks` (the model must use eager attention).
     """
     if cache is None and (randkv is None or randkv is False):
         if request_keys is not None:
@@ -234,7 +238,7 @@ def generate(
     eos_t = torch.tensor(eos, dtype=sequences.dtype, device=session.device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=session.device)
     step_ids, step_real = sequences, real
-    with torch.inference_mode():
+    with attention_hooks(model, cache), torch.inference_mode():
         for step in range(max_new):
             logits = session.forward(step_ids, step_real)
             scores = processors(sequences, logits)
@@ -259,7 +263,7 @@ def _single_row_cache(
     model: Any,
     prompt_ids: Sequence[int],
     randkv: RandKVConfig | dict[str, Any] | bool | None,
-    request_key: int | None,
+    request_key: spec.RequestKey | None,
 ) -> RandKVCache | DynamicCache:
     check_supported(model.config)
     if not prompt_ids:
@@ -277,15 +281,15 @@ def reference_decode(
     prompt_ids: Sequence[int],
     *,
     randkv: RandKVConfig | dict[str, Any] | bool | None,
-    request_key: int | None = None,
+    request_key: spec.RequestKey | None = None,
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> tuple[list[int], list[float]]:
     """Greedy float32 batch-1 decode: (tokens, log-prob of each chosen token).
 
-    The oracle for the engine: same evictions as RandKV with this request key (default: the
-    content key of `prompt_ids`); randkv=None decodes densely. Never stops early unless
-    `eos_token_id` is given (the EOS token is then included).
+    The oracle for the engine: same evictions as RandKV with this request key (an int or a
+    str; default: the content key of `prompt_ids`); randkv=None decodes densely. Never stops
+    early unless `eos_token_id` is given (the EOS token is then included).
     """
     if model.dtype != torch.float32:
         raise ValueError(
@@ -315,7 +319,7 @@ def teacher_forced_logprobs(
     forced_tokens: Sequence[int],
     *,
     randkv: RandKVConfig | dict[str, Any] | bool | None,
-    request_key: int | None = None,
+    request_key: spec.RequestKey | None = None,
 ) -> TeacherForced:
     """Feed `forced_tokens` after the prompt one at a time (with RandKV's evictions) and return
     the float32 log-probabilities before each of them."""

@@ -2,8 +2,9 @@
 
 Every evictor runs through the same code: `randkv.hf.generate` over a `RandKVCache` with the
 same (K, r), greedy decoding, the same eager-attention model. Only the choice of the r slots a
-round empties differs (`randkv.quality.evictors`). Dense runs the same loop with a budget no
-round reaches. Deterministic evictors run once; RandKV and its ablation once per seed.
+round empties differs (`randkv.selectors`, named in `randkv.quality.evictors`). Dense runs the
+same loop with a budget no round reaches. Deterministic evictors run once; RandKV and its
+ablation once per seed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 import torch
 
 from randkv.config import RandKVConfig
-from randkv.hf.cache import RandKVCache
+from randkv.hf.cache import RandKVCache, left_pad
 from randkv.hf.generate import generate
 from randkv.models.tiny import PAD_ID
 from randkv.quality.checker import check_answer
-from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
+from randkv.quality.evictors import ARMS, DENSE, EVICTORS, Arm
 from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
 from randkv.quality.report import markdown_tables
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
@@ -75,16 +76,6 @@ def _batches(problems: Sequence[Problem], size: int) -> list[list[Problem]]:
     return [list(problems[i : i + size]) for i in range(0, len(problems), size)]
 
 
-def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :] = torch.tensor(row)
-        mask[b, width - len(row) :] = 1
-    return ids, mask
-
-
 def run_evictor(
     model: Any,
     problems: Sequence[Problem],
@@ -97,29 +88,25 @@ def run_evictor(
     on_batch: Callable[[int], None] | None = None,
 ) -> Run:
     """Greedy answers of one evictor (or "dense") to `problems`, checked independently."""
-    run = Run(evictor, None if evictor == DENSE else budget, seed if _is_random(evictor) else None)
+    arm = _arm(evictor)
+    run = Run(evictor, None if arm.dense else budget, seed if arm.random else None)
     for batch in _batches(problems, batch_size):
         prompts = [encode(p.prompt) for p in batch]
         new_tokens = max(len(encode(p.target)) for p in batch)
-        ids, mask = _left_pad(prompts)
-        if evictor == DENSE:
-            # The same loop with a budget no round reaches: attention over every token.
-            config = RandKVConfig(budget=ids.shape[1] + new_tokens, buffer_size=buffer)
-            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, track_positions=False)
-            policy = None
-        elif evictor == "randkv":
-            config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
-            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, track_positions=False)
-            policy = None
-        else:
-            policy = make_evictor(evictor)
-            config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
-            cache = RandKVCache.from_inputs(model, ids, mask, randkv=config, selector=policy)
-        if policy is None:
-            out = generate(model, ids, mask, randkv=None, cache=cache, **_greedy(new_tokens))
-        else:
-            with attention_hooks(model, cache, policy):
-                out = generate(model, ids, mask, randkv=None, cache=cache, **_greedy(new_tokens))
+        ids, mask = left_pad(prompts, PAD_ID)
+        # Dense: the same loop with a budget no round reaches, attention over every token.
+        limit = ids.shape[1] + new_tokens if arm.dense else budget
+        config = RandKVConfig(budget=limit, buffer_size=buffer, seed=seed)
+        selector = arm.selector()
+        cache = RandKVCache.from_inputs(
+            model,
+            ids,
+            mask,
+            randkv=config,
+            selector=selector,
+            track_positions=selector.needs_positions,
+        )
+        out = generate(model, ids, mask, randkv=None, cache=cache, **_greedy(new_tokens))
         for b, problem in enumerate(batch):
             text = decode(out[b, ids.shape[1] :].tolist())
             result = check_answer(
@@ -141,19 +128,21 @@ def _greedy(new_tokens: int) -> dict[str, Any]:
     }
 
 
-def _is_random(evictor: str) -> bool:
-    return evictor != DENSE and make_evictor(evictor).random
+def _arm(name: str) -> Arm:
+    try:
+        return ARMS[name]
+    except KeyError:
+        raise ValueError(f"unknown evictor {name!r}; choose from {list(ARMS)}") from None
 
 
 def _plan(config: EvalConfig) -> list[tuple[str, int, int]]:
     """(evictor, budget, seed) of every run; dense once, deterministic evictors once a budget."""
     plan = []
     for name in config.evictors:
-        if name == DENSE:
-            plan.append((DENSE, max(config.budgets), 0))
-            continue
-        seeds = config.seeds if _is_random(name) else config.seeds[:1]
-        plan.extend((name, budget, seed) for budget in config.budgets for seed in seeds)
+        arm = _arm(name)
+        budgets = (max(config.budgets),) if arm.dense else config.budgets
+        seeds = config.seeds if arm.random else config.seeds[:1]
+        plan.extend((name, budget, seed) for budget in budgets for seed in seeds)
     return plan
 
 
@@ -194,9 +183,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every evictor at every budget; write quality.json and quality.png into out_dir."""
     torch.set_num_threads(config.threads)
-    unknown = [e for e in config.evictors if e != DENSE and e not in EVICTORS]
+    unknown = [e for e in config.evictors if e not in ARMS]
     if unknown:
-        raise ValueError(f"unknown evictor(s) {unknown}; choose from {[DENSE, *EVICTORS]}")
+        raise ValueError(f"unknown evictor(s) {unknown}; choose from {list(ARMS)}")
     problems = make_problems(EVAL_FAMILY, config.problems, config.task)
     prompt_tokens = max(len(encode(p.prompt)) for p in problems)
     if min(config.budgets) < prompt_tokens:
@@ -210,7 +199,7 @@ def evaluate(
     start = time.perf_counter()
     runs: dict[tuple[str, int | None], list[Run]] = {}
     for name, budget, seed in plan:
-        bar.set_description(f"{name} K={budget}" if name != DENSE else name)
+        bar.set_description(name if ARMS[name].dense else f"{name} K={budget}")
         run = run_evictor(
             model,
             problems,
@@ -252,7 +241,7 @@ def _report(
     for (name, budget), group in runs.items():
         row = {"evictor": name, "budget": budget, **_summary(group, hops)}
         reference = runs.get((config.reference, budget))
-        if reference is not None and name not in (config.reference, DENSE):
+        if reference is not None and name != config.reference:  # dense has no budget
             row["vs_" + config.reference] = paired_comparison(
                 _per_problem(reference, "exact"), _per_problem(group, "exact")
             )

@@ -38,7 +38,7 @@ def config_from_vllm(vllm_config: Any) -> RandKVConfig | None:
     """The RandKVConfig carried in vLLM's `additional_config`, or None if RandKV is off."""
     extra = getattr(vllm_config, "additional_config", None) or {}
     values = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
-    return RandKVConfig.coerce(values) if values else None
+    return None if values is None else RandKVConfig.coerce(values)
 
 
 def use_v1_model_runner() -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import vllm
 
 from randkv.config import RandKVConfig
-from randkv.vllm.engine_args import randkv_engine_kwargs
+from randkv.vllm.engine_args import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.metrics import merge_ranks
+from randkv.vllm.plugin import register
 from randkv.vllm.request_ids import EngineRequestIds
 
 
@@ -20,7 +22,15 @@ class LLM(vllm.LLM):
 
     def __init__(self, model: str, *, randkv: Any = None, **kwargs: Any) -> None:
         self.randkv_config: RandKVConfig | None = RandKVConfig.coerce(randkv)
-        super().__init__(model=model, **randkv_engine_kwargs(self.randkv_config, kwargs))
+        if self.randkv_config is not None:
+            # The plugin's path (stock `vllm.LLM(additional_config={"randkv": ...})`): it
+            # fills in RandKV's scheduler and worker when vLLM builds its configuration.
+            register()
+            kwargs["additional_config"] = {
+                **(kwargs.get("additional_config") or {}),
+                ADDITIONAL_CONFIG_KEY: dataclasses.asdict(self.randkv_config),
+            }
+        super().__init__(model=model, **kwargs)
         self._randkv_ids = EngineRequestIds()
         self._randkv_ids.follow(self.llm_engine)
 

@@ -3,19 +3,23 @@
 vLLM's internal request ids carry a random suffix and `LLM.generate` numbers requests
 by order, so neither can seed anything reproducible. A request's key is derived from
 what it is: its prompt token ids and the sampling parameters that shape its tokens
-(seed included). A caller key passed as `SamplingParams(extra_args={"randkv_key": "..."})`
-(OpenAI API: `"vllm_xargs": {"randkv_key": "..."}`) replaces all of that:
-the key is then `randkv.request_key_from_text(caller_key)`, so replicas with different
-defaults, tokenizer revisions or sampling settings still make the same decisions.
+(seed included). A caller key passed as `SamplingParams(extra_args={"randkv_key": ...})`
+(OpenAI API: `"vllm_xargs": {"randkv_key": ...}`) replaces all of that, so replicas with
+different defaults, tokenizer revisions or sampling settings still make the same decisions:
+a str is hashed (`randkv.request_key_from_text`), an int in [0, 2**64 - 1] is the key itself
+(so 42 and "42" are different keys); anything else is refused (`randkv.coerce_request_key`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from randkv.spec import request_key_from_content, request_key_from_text
+from randkv.spec import coerce_request_key, request_key_from_content
 
 USER_KEY_FIELD = "randkv_key"
+#: Every request field RandKV reads from `extra_args` / `vllm_xargs`.
+KNOWN_FIELDS = (USER_KEY_FIELD,)
 
 # Parameters that change which tokens come out. Length limits and stop strings only
 # truncate, so a request and its longer continuation share their decisions.
@@ -47,10 +51,23 @@ def sampling_fingerprint(sampling_params: Any) -> str:
     return ";".join(parts)
 
 
-def user_key(sampling_params: Any) -> str | None:
-    extra = getattr(sampling_params, "extra_args", None) or {}
+def check_request_fields(extra: Mapping[str, Any] | None) -> int | None:
+    """Validate the `randkv_*` fields of a request's extra arguments; its caller key or None.
+
+    Raises ValueError (an unknown `randkv_*` field, a key out of range) or TypeError (a key
+    that is neither int nor str), each naming what is accepted.
+    """
+    extra = extra or {}
+    unknown = sorted(k for k in extra if k.startswith("randkv_") and k not in KNOWN_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown RandKV request field(s) {unknown}; known: {list(KNOWN_FIELDS)}")
     value = extra.get(USER_KEY_FIELD)
-    return None if value is None else str(value)
+    return None if value is None else coerce_request_key(value)
+
+
+def user_key(sampling_params: Any) -> int | None:
+    """The caller's RandKV key of a request (validated), or None."""
+    return check_request_fields(getattr(sampling_params, "extra_args", None))
 
 
 def derive_request_key(
@@ -64,7 +81,7 @@ def derive_request_key(
     """
     caller_key = user_key(sampling_params)
     if caller_key is not None:
-        return request_key_from_text(caller_key)
+        return caller_key
     fingerprint = sampling_fingerprint(sampling_params)
     temperature = getattr(sampling_params, "temperature", 0.0) or 0.0
     if temperature > 0 and getattr(sampling_params, "seed", None) is None:

@@ -177,20 +177,25 @@ class RandKVScheduler(TimelineMixin, Scheduler):
     # ------------------------------------------------------------------ admission
 
     def add_request(self, request: Request) -> None:
-        prompt = request.num_prompt_tokens
         try:
-            self.randkv.check_prompt(prompt)
-        except PromptTooLongError as error:
-            self.rejected[request.request_id] = str(error)
-            self.metrics.add("rejected_prompts", 1)
-            logger.warning("RandKV rejects request %s: %s", request.request_id, error)
-        else:
+            self.randkv.check_prompt(request.num_prompt_tokens)
             key = derive_request_key(
                 list(request.prompt_token_ids or []), request.sampling_params, request.request_id
             )
-            self.request_rounds[request.request_id] = RequestRounds(key, prompt)
+        except PromptTooLongError as error:
+            self._reject(request, str(error))
+            self.metrics.add("rejected_prompts", 1)
+        except (TypeError, ValueError) as error:  # a malformed randkv_* request field
+            self._reject(request, str(error))
+        else:
+            self.request_rounds[request.request_id] = RequestRounds(key, request.num_prompt_tokens)
             self._new_keys[request.request_id] = key
         super().add_request(request)
+
+    def _reject(self, request: Request, message: str) -> None:
+        """Finish the request with an error at the end of this step; nothing else is affected."""
+        self.rejected[request.request_id] = message
+        logger.warning("RandKV rejects request %s: %s", request.request_id, message)
 
     def _mamba_block_aligned_split(
         self,

@@ -1,5 +1,6 @@
 """`randkv serve MODEL [RandKV options] [any vllm serve flag]`: vLLM 0.28.0's OpenAI-compatible
-server with RandKV's scheduler and worker installed, and RandKV's series on /metrics.
+server with RandKV on (through the same path as the plugin, `randkv.vllm.plugin`), and
+RandKV's series on /metrics.
 
 The `randkv` command sets PROMETHEUS_MULTIPROC_DIR before vLLM is imported (see
 `randkv.cli`), so the engine and worker processes' RandKV series reach the endpoint.
@@ -11,9 +12,10 @@ invocation works unchanged with `randkv serve` in front of it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
-from randkv.config import PromptTooLongError, RandKVConfig
+from randkv.config import RandKVConfig
 
 
 def randkv_option_parser() -> argparse.ArgumentParser:
@@ -59,47 +61,18 @@ def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
 
 
 def apply_randkv(args: argparse.Namespace, config: RandKVConfig | None) -> None:
-    """Put RandKV's scheduler, worker and config into vLLM's parsed serve arguments."""
-    from randkv.vllm.engine_args import INSTALLED_ENGINE_ARGS, randkv_engine_kwargs
-    from randkv.vllm.refusals import REFUSED_ENGINE_ARGS
+    """Put RandKV into vLLM's parsed serve arguments, the way the plugin does for stock
+    `vllm serve --additional-config '{"randkv": ...}'` (one path into vLLM)."""
+    from randkv.vllm.plugin import apply_to_engine_args, register
 
     if config is None:
         return
-    fields = dict.fromkeys((*INSTALLED_ENGINE_ARGS, *REFUSED_ENGINE_ARGS))
-    current = {name: getattr(args, name, None) for name in fields}
-    if current["worker_cls"] == "auto":
-        current["worker_cls"] = None
-    for name, value in randkv_engine_kwargs(config, current).items():
-        setattr(args, name, value)
-
-
-def check_prompts_at_the_front_door(config: RandKVConfig) -> None:
-    """Answer an over-budget prompt with HTTP 400 and RandKV's message.
-
-    The engine refuses such a request too (it finishes with an error and nothing else is
-    affected), but vLLM's server reports any engine-side error as a bare 500. vLLM offers no
-    hook for extra prompt validation, so this extends the prompt-length check of the
-    server's InputProcessor, in the `randkv serve` process only.
-    """
-    from vllm.exceptions import VLLMValidationError
-    from vllm.v1.engine.input_processor import InputProcessor
-
-    from randkv.vllm.metrics import RandKVRecorder, Source
-
-    vllm_check = InputProcessor._validate_prompt_len
-
-    def validate_prompt_len(self: Any, prompt_len: int, prompt_type: str) -> None:
-        vllm_check(self, prompt_len, prompt_type)
-        if prompt_type == "decoder" and prompt_len > config.budget:
-            recorder = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
-            recorder.add("rejected_prompts", 1)
-            raise VLLMValidationError(
-                f"{PromptTooLongError(prompt_len, config.budget)} (--randkv-budget)",
-                parameter="prompt",
-                value=prompt_len,
-            )
-
-    InputProcessor._validate_prompt_len = validate_prompt_len
+    args.additional_config = {
+        **(getattr(args, "additional_config", None) or {}),
+        "randkv": dataclasses.asdict(config),
+    }
+    register()
+    apply_to_engine_args(args)
 
 
 def build_serve_parser() -> tuple[Any, Any]:
@@ -136,6 +109,4 @@ def main(argv: list[str]) -> None:
         apply_randkv(args, config)
     except UnsupportedModeError as error:
         raise SystemExit(f"randkv serve: {error}") from error
-    if config is not None:
-        check_prompts_at_the_front_door(config)
     command.cmd(args)

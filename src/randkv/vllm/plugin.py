@@ -1,0 +1,94 @@
+"""RandKV as a vLLM plugin: `pip install randkv`, then stock vLLM with
+`--additional-config '{"randkv": {"budget": 2048, "buffer_size": 64}}'` (or
+`vllm.LLM(..., additional_config={"randkv": {...}})`) runs RandKV.
+
+vLLM loads every `vllm.general_plugins` entry point in every one of its processes
+(`VLLM_PLUGINS` filters them), so `register` must be cheap and must never change a
+deployment that does not use RandKV. It wraps one vLLM method, `EngineArgs.create_engine_config`,
+where a deployment's options become its configuration: when the options carry "randkv" in
+`additional_config`, the wrap validates them and fills in RandKV's scheduler, the worker for
+the platform, synchronous scheduling and vLLM's V1 model runner (a user's contrary choice is
+refused with the setting to change), and installs RandKV's front-door checks
+(`randkv.vllm.front_door`). Without "randkv" the wrap passes straight through. Under any
+vLLM but 0.28.0 `register` does nothing at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger("vllm.randkv.plugin")
+
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point (idempotent)."""
+    try:
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:  # pragma: no cover - vLLM is what loads this
+        return
+    from randkv.vllm.compat import SUPPORTED_VLLM
+
+    if getattr(vllm, "__version__", "").split("+")[0] != SUPPORTED_VLLM:
+        logger.debug("RandKV plugin inactive: it supports vLLM %s only", SUPPORTED_VLLM)
+        return
+    create = EngineArgs.create_engine_config
+    if getattr(create, "__randkv_wrapped__", False):
+        return
+    EngineArgs.create_engine_config = _with_randkv(create)
+
+
+def _with_randkv(create: Any) -> Any:
+    @functools.wraps(create)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _randkv_options(self) is not None:
+            apply_to_engine_args(self)
+        return create(self, *args, **kwargs)
+
+    create_engine_config.__randkv_wrapped__ = True  # type: ignore[attr-defined]
+    return create_engine_config
+
+
+def _randkv_options(engine_args: Any) -> Any:
+    extra = getattr(engine_args, "additional_config", None)
+    return extra.get("randkv") if isinstance(extra, dict) else None
+
+
+def apply_to_engine_args(engine_args: Any) -> None:
+    """Validate RandKV's options in `engine_args.additional_config` and fill in what RandKV
+    needs (raises UnsupportedModeError / ValueError naming what to change)."""
+    from randkv.config import RandKVConfig
+    from randkv.vllm import front_door
+    from randkv.vllm.engine_args import (
+        INSTALLED_ENGINE_ARGS,
+        SCHEDULER_CLS,
+        randkv_engine_kwargs,
+    )
+    from randkv.vllm.refusals import REFUSED_ENGINE_ARGS
+
+    config = RandKVConfig.coerce(_randkv_options(engine_args))
+    names = dict.fromkeys((*INSTALLED_ENGINE_ARGS, *REFUSED_ENGINE_ARGS))
+    current = {name: getattr(engine_args, name, None) for name in names}
+    if current["scheduler_cls"] == SCHEDULER_CLS:  # already applied (e.g. a second config)
+        current["scheduler_cls"] = current["worker_cls"] = None
+        current["async_scheduling"] = None
+    for name, value in randkv_engine_kwargs(config, current).items():
+        setattr(engine_args, name, value)
+    front_door.install()
+    if METRICS_ENV not in os.environ:
+        _warn_once_about_metrics()
+
+
+@functools.cache
+def _warn_once_about_metrics() -> None:
+    logger.warning(
+        "RandKV: %s is not set, so RandKV's Prometheus series (written by the engine and "
+        "worker processes) will not appear on /metrics; set it to an empty directory before "
+        "starting vLLM (see README, 'Metrics under stock vLLM')",
+        METRICS_ENV,
+    )
