@@ -122,3 +122,44 @@ def test_persistent_buffers_positions_and_physical_slots(llm):
         before, after = step["tail"]
         assert after == before
     assert rounds_seen > 10  # the check covered steps well past several rounds
+
+
+def test_randkv_step_code_reads_nothing_back_from_tensors(llm):
+    """RandKV's per-step worker code (the round directives, compaction, physical inputs)
+    makes no host sync: on CPU, where host and device tensors look alike, that means no
+    item/tolist/numpy/bool of any tensor and no data-dependent op. A step that fires rounds
+    is no exception: the planner checks its draws with a device-side assert (randkv.planner)."""
+    from randkv.hostsync import count_host_syncs
+
+    runner = _runner(llm)
+    counts: list[tuple[bool, int, dict]] = []
+    before_step, physical_inputs = runner.randkv_before_step, runner.randkv_physical_inputs
+    step: dict = {}
+
+    def counted_before_step(scheduler_output):
+        plan = getattr(scheduler_output, "randkv", None)
+        step["rounds"] = bool(plan and plan.directives)
+        with count_host_syncs() as counter:
+            before_step(scheduler_output)
+        step["counter"] = counter
+
+    def counted_physical_inputs(scheduler_output):
+        counter = step["counter"]
+        with count_host_syncs() as inner:
+            physical_inputs(scheduler_output)
+        counts.append((step["rounds"], counter.total + inner.total, dict(counter.counts)))
+
+    runner.randkv_before_step = counted_before_step
+    runner.randkv_physical_inputs = counted_physical_inputs
+    tracking, runner.randkv_track = runner.randkv_track, False  # a debug aid that reads back
+    try:
+        params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        del runner.randkv_before_step, runner.randkv_physical_inputs
+        runner.randkv_track = tracking
+    plain = [total for fired, total, _ in counts if not fired]
+    with_rounds = [(total, detail) for fired, total, detail in counts if fired]
+    assert len(plain) > 50 and len(with_rounds) > 5
+    assert set(plain) == {0}
+    assert all(total == 0 for total, _ in with_rounds), with_rounds
