@@ -47,6 +47,7 @@ def test_importing_the_gpu_worker_leaves_torch_cuda_alone():
 @pytest.fixture
 def cuda_platform(monkeypatch):
     """vLLM's current platform mocked as CUDA (nothing else of vLLM is touched)."""
+    import vllm.config.vllm  # noqa: F401 - imported under the real platform first
     import vllm.platforms
 
     fake = types.SimpleNamespace(is_cpu=lambda: False, is_rocm=lambda: False, is_cuda=lambda: True)

@@ -13,7 +13,7 @@ from typing import Any
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
-from randkv.compactor import KVLayout, PagedCompactor
+from randkv.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin
 
@@ -27,11 +27,10 @@ _ADVICE = (
 
 class RandKVGPUModelRunner(RandKVRunnerMixin, GPUModelRunner):
     def randkv_make_compactor(self, layout: KVLayout, block_size: int) -> Any:
-        if self.kv_caches[0].is_cuda:
-            from randkv.triton_compactor import TritonCompactor
+        from randkv.triton_compactor import make_compactor
 
-            return TritonCompactor(layout, block_size)  # one launch per step
-        return PagedCompactor(layout, block_size)
+        # CUDA: one Triton launch for all of a step's moves; elsewhere the torch compactor.
+        return make_compactor(layout, block_size, self.kv_caches[0].device)
 
 
 def gpu_kv_layout(

@@ -1,0 +1,181 @@
+"""The one-launch Triton compactor, run by Triton's interpreter on CPU, against torch's."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from randkv import RandKVConfig, slot_positions  # noqa: E402
+from randkv.compactor import KVLayout, PagedCompactor  # noqa: E402
+from randkv.hostsync import count_host_syncs  # noqa: E402
+from randkv.planner import RoundPlanner  # noqa: E402
+
+triton_compactor = pytest.importorskip("randkv.triton_compactor")
+TritonCompactor = triton_compactor.TritonCompactor
+
+SPLIT = KVLayout.KV_BLOCK_SLOT_HEAD
+FLASH = KVLayout.BLOCK_HEAD_SLOT
+
+
+def poisoned_caches(layout, order, layers, num_blocks, block_size, heads, head_dim, dtype, seed):
+    """Caches of random bit patterns (NaN payloads included): any stray write shows."""
+    generator = torch.Generator().manual_seed(seed)
+    if layout is SPLIT:
+        shape = (2, num_blocks, block_size, heads, head_dim)
+    elif order == "NHD":  # physical (blocks, slots, heads, 2D), viewed as (blocks, H, slots, 2D)
+        shape = (num_blocks, block_size, heads, 2 * head_dim)
+    else:
+        shape = (num_blocks, heads, block_size, 2 * head_dim)
+    bits = torch.iinfo(torch.int16)
+    caches = []
+    for _ in range(layers):
+        words = torch.randint(bits.min, bits.max, (*shape[:-1], shape[-1] * 2), generator=generator)
+        cache = words.to(torch.int16).view(torch.uint8).view(dtype)[..., : shape[-1]]
+        cache = cache.contiguous()
+        caches.append(cache.permute(0, 2, 1, 3) if layout is FLASH and order == "NHD" else cache)
+    return caches
+
+
+def bits(tensor):
+    return tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor.view(torch.int16)
+
+
+CASES = [
+    # layout, order, dtype, block_size, heads, requests, layers, budget, buffer
+    (FLASH, "NHD", torch.bfloat16, 4, 1, 3, 2, 13, 3),
+    (FLASH, "NHD", torch.float16, 16, 3, 2, 3, 20, 5),
+    (FLASH, "HND", torch.bfloat16, 5, 2, 3, 2, 17, 4),
+    (FLASH, "HND", torch.float32, 3, 1, 1, 1, 6, 2),
+    (SPLIT, "", torch.bfloat16, 4, 2, 3, 2, 13, 3),
+    (SPLIT, "", torch.float32, 6, 1, 2, 3, 9, 4),
+    (SPLIT, "", torch.float16, 16, 3, 1, 2, 30, 2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].value}-{c[1]}-{c[2]}-b{c[3]}")
+def test_triton_equals_torch_bit_for_bit(case, monkeypatch):
+    layout, order, dtype, block_size, heads, requests, layers, budget, buffer = case
+    config = RandKVConfig(budget=budget, buffer_size=buffer, seed=block_size)
+    per_request = -(-config.max_physical_length // block_size)  # partial last block
+    num_blocks = requests * per_request + 3  # three blocks nobody owns
+    generator = torch.Generator().manual_seed(budget)
+    tables = torch.randperm(num_blocks, generator=generator)[: requests * per_request]
+    tables = tables.view(requests, per_request)
+    prompts = [budget, 0, budget // 2][:requests]  # a prompt of exactly K included
+    plan = RoundPlanner(config, range(layers), range(heads)).plan(
+        prompts, list(range(requests)), [0, 2**31 + 1, 5][:requests]
+    )
+    caches = poisoned_caches(layout, order, layers, num_blocks, block_size, heads, 4, dtype, 1)
+    expected = [c.clone() for c in caches]
+    PagedCompactor(layout, block_size).apply(plan, expected, tables)
+    launches = []
+    kernel = triton_compactor._interpreted()
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(triton_compactor, "_interpreted", lambda: Counting())
+    monkeypatch.setattr(triton_compactor, "_compiled", Counting())
+    compactor = TritonCompactor(layout, block_size)
+    with count_host_syncs() as syncs:
+        compactor.apply(plan, caches, tables)
+    assert len(launches) == 1  # every request, layer and head in one launch
+    assert syncs.total == 0, dict(syncs.counts)
+    for got, want in zip(caches, expected, strict=True):
+        assert torch.equal(bits(got), bits(want))
+    assert compactor.moved_bytes(plan, caches) == PagedCompactor(layout, block_size).moved_bytes(
+        plan, caches
+    )
+
+
+def test_multi_round_replay_matches_the_spec():
+    """Caches whose values are positions, compacted round after round by the kernel."""
+    config = RandKVConfig(budget=11, buffer_size=3, seed=9)
+    prompt, key, heads, layers, block_size = 4, 123, 2, 2, 4
+    blocks = -(-config.max_physical_length // block_size)
+    table = torch.tensor([list(range(blocks, 2 * blocks))[::-1]])
+    caches = [torch.full((2, 2 * blocks, block_size, heads, 2), -1.0) for _ in range(layers)]
+    planner = RoundPlanner(config, range(layers), range(heads))
+    compactor = TritonCompactor(SPLIT, block_size)
+    length = 0
+    for position in range(config.max_physical_length + 3 * config.buffer_size):
+        for cache in caches:
+            cache[:, int(table[0, length // block_size]), length % block_size] = float(position)
+        length += 1
+        if length == config.max_physical_length:
+            index = (position + 1 - config.max_physical_length) // config.buffer_size
+            compactor.apply(planner.plan([prompt], [key], [index]), caches, table)
+            length = config.compacted_length
+    for layer in range(layers):
+        for head in range(heads):
+            slots = torch.arange(length)
+            got = caches[layer][0, table[0, slots // block_size], slots % block_size, head, 0]
+            want = slot_positions(
+                config,
+                prompt_length=prompt,
+                tokens_seen=config.max_physical_length + 3 * config.buffer_size,
+                request_key=key,
+                layer=layer,
+                kv_head=head,
+            )
+            assert tuple(int(v) for v in got.tolist()) == want
+
+
+def test_triton_compactor_refusals():
+    config = RandKVConfig(budget=16, buffer_size=4)
+    plan = RoundPlanner(config, [0], [0]).plan([2], [1], [0])
+    tables = torch.zeros(1, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="use PagedCompactor"):
+        TritonCompactor(KVLayout.VLLM_CPU_VEC, 16)
+    with pytest.raises(ValueError, match=r"holds 8 slots per block .* block size is 16"):
+        TritonCompactor(FLASH, 16).apply(plan, [torch.zeros(8, 1, 8, 8)], tables)
+    with pytest.raises(ValueError, match=r"holds 8 slots per block .* block size is 16"):
+        TritonCompactor(SPLIT, 16).apply(plan, [torch.zeros(2, 8, 8, 1, 4)], tables)
+    assert isinstance(
+        triton_compactor.make_compactor(FLASH, 16, "cpu"), PagedCompactor
+    )  # the torch path stays the CPU path
+    assert isinstance(triton_compactor.make_compactor(SPLIT, 16, "cuda"), TritonCompactor)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Triton's note on an fp-fusion default
+@pytest.mark.parametrize("layout", [FLASH, SPLIT])
+def test_kernel_compiles_for_hopper_with_vectorized_row_copies(layout):
+    """No GPU needed: Triton's NVIDIA backend compiles the kernel to PTX for sm_90."""
+    compiler = pytest.importorskip("triton.compiler")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.jit import JITFunction
+
+    caches = poisoned_caches(layout, "NHD", 2, 8, 16, 8, 128, torch.bfloat16, 0)
+    geo = triton_compactor._geometry(layout, caches)
+    kernel = JITFunction(triton_compactor._fill_holes)  # compiled, whatever TRITON_INTERPRET says
+    pointers = ("layer_addrs", "evicted", "sources", "tables")
+    constants = {
+        "ROW": geo.row,
+        "ROW_BLOCK": geo.row,
+        "HALVES": geo.halves,
+        "BLOCK_M": 32,
+        "WORD": triton_compactor._WORDS[geo.word],
+        "ALIGN": geo.align,
+    }
+    signature = {
+        name: "constexpr" if name in constants else "*i64" if name in pointers else "i32"
+        for name in kernel.arg_names
+    }
+    aligned = [i for i, name in enumerate(kernel.arg_names) if name in pointers]
+    aligned += [kernel.arg_names.index(f"stride_{s}") for s in ("block", "head", "slot")]
+    source = compiler.ASTSource(
+        kernel, signature, constants, {(i,): [["tt.divisibility", 16]] for i in aligned}
+    )
+    try:
+        compiled = compiler.compile(source, target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as error:  # e.g. no ptxas shipped with this Triton
+        pytest.skip(f"no NVIDIA toolchain: {error}")
+    ptx = compiled.asm["ptx"]
+    assert geo.word == 8 and geo.align == 16
+    assert "ld.global.v2.b64" in ptx and "st.global.v2.b64" in ptx  # 16-byte row accesses
