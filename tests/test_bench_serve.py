@@ -1,5 +1,6 @@
-"""`randkv bench serve` end to end on a small workload: both arms served for real, the JSON
-result checked against its schema and against numbers known without the benchmark."""
+"""`randkv bench serve`: the ABBA order and the repeat summary against hand-computed values
+(fast), then end to end on a small workload: both arms served for real, the JSON result
+checked against its schema and against numbers known without the benchmark."""
 
 from __future__ import annotations
 
@@ -11,14 +12,148 @@ pytest.importorskip("vllm")
 jsonschema = pytest.importorskip("jsonschema")
 
 from randkv import RandKVConfig, num_rounds  # noqa: E402
-from randkv.bench.serve import ServeBench, format_table, run  # noqa: E402
-from randkv.bench.serve_schema import SCHEMA_VERSION, validate  # noqa: E402
+from randkv.bench.serve import (  # noqa: E402
+    SUMMARY_READERS,
+    ServeBench,
+    abba_order,
+    assemble,
+    format_repeats,
+    format_table,
+    representative_repeat,
+    run,
+    summarize_repeats,
+)
+from randkv.bench.serve_schema import SCHEMA_VERSION, SUMMARY_METRICS, validate  # noqa: E402
 from randkv.bench.workload import WorkloadSpec, build_requests  # noqa: E402
-
-pytestmark = pytest.mark.engine
 
 CONFIG = RandKVConfig(budget=48, buffer_size=8, seed=1)
 WORKLOAD = WorkloadSpec(requests=6, prompt_tokens=(10, 30), output_tokens=(150, 220), seed=3)
+
+
+# --------------------------------------------------------------------------- repeats (fast)
+
+
+def test_abba_order():
+    assert abba_order(1) == [(0, "plain"), (0, "randkv")]
+    order = abba_order(4)
+    assert "".join("A" if arm == "plain" else "B" for _, arm in order) == "ABBAABBA"
+    assert [repeat for repeat, _ in order] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(ValueError):
+        abba_order(0)
+    with pytest.raises(ValueError):
+        ServeBench(repeats=0)
+
+
+def _fake_run(tokens_per_s: float, ttft_p50: float, itl_p50: float, *, randkv: bool) -> dict:
+    """One arm's run with the fields the schema requires; only the summarized ones vary."""
+    percentiles = {"mean": 0.0, "p90": 0.0, "p99": 0.0}
+    return {
+        "randkv": {"budget": 128, "buffer_size": 64, "seed": 0} if randkv else None,
+        "requests_sent": 4,
+        "requests_completed": 4,
+        "requests_failed": 0,
+        "output_tokens": 1000,
+        "duration_s": 1000 / tokens_per_s,
+        "output_tokens_per_s": tokens_per_s,
+        "running_requests_mean": 3.0,
+        "running_requests_peak": 4.0,
+        "preemptions": 0 if randkv else 7,
+        "kv_blocks_peak": 20,
+        "kv_blocks_mean": 15.0,
+        "ttft_s": {**percentiles, "p50": ttft_p50},
+        "itl_s": {**percentiles, "p50": itl_p50},
+        "eviction": {
+            "rounds": 10,
+            "planning_s": 0.01,
+            "compaction_s": 0.01,
+            "step_s": 1.0,
+            "share_of_step_time": 0.02,
+        }
+        if randkv
+        else None,
+        "timeline": {
+            "t_s": [0.0],
+            "running_requests": [1.0],
+            "waiting_requests": [0.0],
+            "kv_blocks": [2.0],
+        },
+    }
+
+
+# tokens/s, TTFT p50 (s), ITL p50 (s) per repeat
+PLAIN = [(100.0, 2.0, 0.010), (120.0, 4.0, 0.020), (90.0, 3.0, 0.012)]
+OURS = [(250.0, 1.0, 0.005), (200.0, 5.0, 0.010), (270.0, 1.5, 0.012)]
+
+
+def _fake_runs(plain: list, ours: list) -> dict[str, list[dict]]:
+    order = abba_order(len(plain))
+    runs: dict[str, list[dict]] = {"plain": [], "randkv": []}
+    for position, (repeat, arm) in enumerate(order):
+        values = (plain if arm == "plain" else ours)[repeat]
+        run = _fake_run(*values, randkv=arm == "randkv")
+        runs[arm].append({**run, "repeat": repeat, "position": position})
+    return runs
+
+
+def test_repeat_summary_equals_hand_computed_medians_and_ranges():
+    summary = summarize_repeats(_fake_runs(PLAIN, OURS))
+    assert set(SUMMARY_READERS) == set(SUMMARY_METRICS)
+    assert summary["plain"]["output_tokens_per_s"] == {
+        "median": 100.0,
+        "min": 90.0,
+        "max": 120.0,
+        "values": [100.0, 120.0, 90.0],
+    }
+    assert summary["randkv"]["ttft_p50_s"] == {
+        "median": 1.5,
+        "min": 1.0,
+        "max": 5.0,
+        "values": [1.0, 5.0, 1.5],
+    }
+    # Ratios are per repeat (each pair), not a ratio of medians: 250/100, 200/120, 270/90.
+    ratio = summary["ratio"]["output_tokens_per_s"]
+    assert ratio["values"] == pytest.approx([2.5, 5 / 3, 3.0])
+    assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((2.5, 5 / 3, 3.0))
+    itl = summary["ratio"]["itl_p50_s"]  # 0.5, 0.5, 1.0
+    assert (itl["median"], itl["min"], itl["max"]) == pytest.approx((0.5, 0.5, 1.0))
+    # An even number of repeats: the median is the mean of the middle two.
+    even = summarize_repeats(_fake_runs(PLAIN + [(110.0, 1.0, 0.01)], OURS + [(99.0, 1.0, 0.01)]))
+    assert even["plain"]["output_tokens_per_s"]["median"] == pytest.approx(105.0)
+    assert even["ratio"]["output_tokens_per_s"]["median"] == pytest.approx((2.5 + 5 / 3) / 2)
+    assert representative_repeat(even) == 0  # 2.5 and 5/3 tie around the median: the first
+
+
+def test_repeat_result_keeps_every_run_and_follows_the_schema():
+    runs = _fake_runs(PLAIN, OURS)
+    result = assemble(ServeBench(repeats=3), "tiny", runs)
+    validate(result)
+    assert result["schema_version"] == SCHEMA_VERSION == 2
+    assert result["repeats"] == 3 and result["order"] == [
+        "plain",
+        "randkv",
+        "randkv",
+        "plain",
+        "plain",
+        "randkv",
+    ]
+    assert result["runs"] == runs
+    # The representative repeat has the median throughput ratio (2.5, repeat 0).
+    assert result["representative_repeat"] == 0
+    assert result["arms"]["plain"] is runs["plain"][0]
+    assert result["ratios"]["output_tokens_per_s"] == pytest.approx(2.5)
+    assert result["targets"]["met"] is True  # median 2.5x >= 2x, plain preempted each time
+    text = format_repeats(result)
+    assert "A B B A A B" in text
+    assert "100 [90, 120]" in text and "2.50x [1.67, 3.00]" in text
+    assert "1500.0 [1000.0, 5000.0]" in text  # RandKV TTFT p50 in ms
+    assert "plain vLLM" in format_table(result)
+    broken = copy.deepcopy(result)
+    del broken["summary"]["ratio"]["itl_p50_s"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+
+
+# --------------------------------------------------------------------------- end to end
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +170,7 @@ def bench_run(tiny_model_path, tmp_path_factory):
     return bench, run(bench, progress=False)
 
 
+@pytest.mark.engine
 def test_result_follows_the_versioned_schema(bench_run):
     bench, result = bench_run
     assert result["schema_version"] == SCHEMA_VERSION
@@ -49,6 +185,7 @@ def test_result_follows_the_versioned_schema(bench_run):
     assert "plain vLLM" in format_table(result)
 
 
+@pytest.mark.engine
 def test_both_arms_serve_the_whole_workload(bench_run, tiny_model_path):
     from transformers import AutoTokenizer
 
@@ -61,6 +198,7 @@ def test_both_arms_serve_the_whole_workload(bench_run, tiny_model_path):
         assert result["arms"][arm]["timeline"]["t_s"], "the scheduler timeline is empty"
 
 
+@pytest.mark.engine
 def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_path):
     from transformers import AutoTokenizer
 

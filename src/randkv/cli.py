@@ -66,6 +66,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         results_dir=Path(args.results),
+        repeats=args.repeats,
     )
 
 
@@ -77,6 +78,8 @@ def _bench_serve(args: argparse.Namespace) -> None:
         print(json.dumps(result, indent=2))
         return
     print(serve.format_table(result))
+    if result["repeats"] > 1:
+        print(serve.format_repeats(result))
     print(f"results: {args.results}/result.json, {args.results}/timeline.png")
 
 
@@ -198,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="iso-memory serving benchmark: plain vLLM vs vLLM + RandKV over HTTP"
     )
     _add_serve_bench_args(serve_bench)
+    serve_bench.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each arm, alternated in ABBA order, each on a fresh server; "
+        "reports the median and range of each arm and of the ratio",
+    )
     serve_bench.add_argument("--results", default="results/bench-serve")
     serve_bench.add_argument("--json", action="store_true", help="print the JSON result")
     serve_bench.set_defaults(func=_bench_serve)

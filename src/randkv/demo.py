@@ -3,18 +3,28 @@ vLLM + RandKV served over HTTP, then a picture of which positions each KV head k
 
 On the embedded tiny checkpoint it takes a few minutes on 2 CPU cores; `--model` runs the
 same on a real checkpoint (a local path or a hub id vLLM can load).
+
+The terminal gets the demo's own lines and progress bars only. vLLM's logs go to files in
+the results folder: each server's to `server-<arm>.log`, the offline engine of the retention
+picture (run in a child process, with its engine processes) to `retention.log`, and this
+process's own to `demo.log`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from randkv.bench.serve import ServeBench, format_table
-from randkv.bench.workload import WorkloadSpec
 from randkv.config import RandKVConfig
+
+if TYPE_CHECKING:
+    from randkv.bench.serve import ServeBench
 
 # The demo's tiny model has 8 KV heads, so the retention picture shows 8 independent rows.
 DEMO_MODEL_PARAMS = {"num_heads": 8, "num_kv_heads": 8, "head_dim": 32}
@@ -25,6 +35,9 @@ RETENTION_KEY = "randkv-demo"
 def demo_bench(model: str | None, results: Path) -> ServeBench:
     """16 long generations; the pool holds 8 RandKV requests (8 x 16 blocks) but only about
     two plain ones at full length."""
+    from randkv.bench.serve import ServeBench
+    from randkv.bench.workload import WorkloadSpec
+
     return ServeBench(
         model=model,
         workload=WorkloadSpec(requests=16, prompt_tokens=(16, 48), output_tokens=(512, 1024)),
@@ -36,7 +49,68 @@ def demo_bench(model: str | None, results: Path) -> ServeBench:
     )
 
 
+def send_vllm_logs_to(log_path: Path) -> None:
+    """Write this process's vLLM log records to `log_path` instead of the terminal.
+
+    vLLM configures its logger when first imported (and logs while importing), from the file
+    named by VLLM_LOGGING_CONFIG_PATH if set; the variable is removed again so the servers
+    this process starts keep logging to their own files.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s: %(message)s"}},
+        "handlers": {
+            "file": {
+                "class": "logging.FileHandler",
+                "filename": str(log_path.resolve()),
+                "formatter": "plain",
+            }
+        },
+        "loggers": {"vllm": {"handlers": ["file"], "level": "INFO", "propagate": False}},
+    }
+    previous = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    with tempfile.TemporaryDirectory(prefix="randkv-demo-") as folder:
+        config_path = Path(folder) / "vllm-logging.json"
+        config_path.write_text(json.dumps(config))
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_path)
+        try:
+            import vllm.logger  # noqa: F401 - configures the "vllm" logger on first import
+        finally:
+            if previous is None:
+                os.environ.pop("VLLM_LOGGING_CONFIG_PATH")
+            else:
+                os.environ["VLLM_LOGGING_CONFIG_PATH"] = previous
+    # If vLLM was imported before, its terminal handler is still there: replace it.
+    logger = logging.getLogger("vllm")
+    target = str(log_path.resolve())
+    for handler in list(logger.handlers):
+        if getattr(handler, "baseFilename", None) != target:
+            logger.removeHandler(handler)
+    if not logger.handlers:
+        file_handler = logging.FileHandler(target)
+        file_handler.setFormatter(logging.Formatter(config["formatters"]["plain"]["format"]))
+        logger.addHandler(file_handler)
+    logger.propagate = False
+
+
 def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any]:
+    """`retention_in_process` in a child process whose output (vLLM's logs, from its engine
+    processes too) goes to `retention.log`; returns its summary."""
+    log_path = results / "retention.log"
+    argv = [sys.executable, "-m", "randkv.demo", "retention", model, str(results), str(new_tokens)]
+    with open(log_path, "wb") as log:
+        child = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if child.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(
+            f"the retention run failed (exit {child.returncode}); {log_path}:\n{tail}"
+        )
+    return json.loads((results / "retention.json").read_text())
+
+
+def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any]:
     """Generate one request with the offline engine, read back which absolute positions each
     KV head of layer 0 holds, check them against `randkv.spec`, and draw them."""
     # The worker process (vLLM's default multi-process layout) keeps slot -> position maps.
@@ -83,11 +157,10 @@ def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any
     ]
     plot_retention(
         retained,
+        config=DEMO_CONFIG,
         tokens_seen=tokens_seen,
         prompt_length=prompt,
         layer=0,
-        budget=DEMO_CONFIG.budget,
-        buffer_size=DEMO_CONFIG.buffer_size,
         path=results / "retention.png",
     )
     summary = {
@@ -104,10 +177,11 @@ def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any
 
 
 def run(model: str | None = None, results_dir: str = "results/demo") -> None:
-    from randkv.bench import serve
-
     results = Path(results_dir)
     results.mkdir(parents=True, exist_ok=True)
+    send_vllm_logs_to(results / "demo.log")
+    from randkv.bench import serve
+
     if model is None:
         from randkv.models import build_tiny_checkpoint
 
@@ -126,7 +200,7 @@ def run(model: str | None = None, results_dir: str = "results/demo") -> None:
     print()
     # A short run with a long tail of few requests: the 2x target belongs to the full
     # benchmark, `randkv bench serve`.
-    print(format_table(result, with_target=False))
+    print(serve.format_table(result, with_target=False))
     print("(the full iso-memory comparison and its targets: `randkv bench serve`)")
     summary = retention(model, results)
     print(
@@ -137,5 +211,16 @@ def run(model: str | None = None, results_dir: str = "results/demo") -> None:
     )
     print(
         f"\nWrote {results / 'result.json'}, {results / 'timeline.png'}, "
-        f"{results / 'retention.png'}"
+        f"{results / 'retention.png'}; vLLM's logs: {results}/*.log"
     )
+
+
+def _main(argv: list[str]) -> None:
+    """`python -m randkv.demo retention MODEL RESULTS NEW_TOKENS` (the child process)."""
+    if len(argv) != 4 or argv[0] != "retention":
+        raise SystemExit("usage: python -m randkv.demo retention MODEL RESULTS NEW_TOKENS")
+    retention_in_process(argv[1], Path(argv[2]), int(argv[3]))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from randkv.config import RandKVConfig
+from randkv.spec import num_rounds, physical_length
+
 _ARM_STYLE = {
     "plain": {"label": "plain vLLM", "color": "tab:gray"},
     "randkv": {"label": "vLLM + RandKV", "color": "tab:blue"},
@@ -39,43 +42,101 @@ def plot_timeline(result: dict[str, Any], path: Path) -> None:
     bottom.legend(loc="upper right")
     workload = result["workload"]
     ratio = result["ratios"]["output_tokens_per_s"]
+    repeats = result.get("repeats", 1)
+    which = f" (repeat {result['representative_repeat']} of {repeats})" if repeats > 1 else ""
     top.set_title(
         f"{workload['requests']} requests, {engine['pool_blocks']} blocks of "
-        f"{engine['block_size']} tokens: RandKV {ratio:.2f}x output tokens/s"
+        f"{engine['block_size']} tokens: RandKV {ratio:.2f}x output tokens/s{which}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def kept_tail_start(config: RandKVConfig, *, prompt_length: int, tokens_seen: int) -> int | None:
+    """First position of the tail every KV head keeps, or None before the first round.
+
+    After the latest round a request holds K + r + (tokens since that round) slots
+    (`randkv.spec.physical_length`): the prompt and the random sample fill K of them, and the
+    rest is the tail: the r newest tokens when the round fired plus every token since.
+    """
+    if num_rounds(config, prompt_length=prompt_length, tokens_seen=tokens_seen) == 0:
+        return None
+    physical = physical_length(config, prompt_length=prompt_length, tokens_seen=tokens_seen)
+    return tokens_seen - (physical - config.budget)
+
+
+# Pixel classes of the retention picture, with their colour and legend label.
+_RETENTION_CLASSES = (
+    ("white", "evicted"),
+    ("tab:orange", "prompt (always kept)"),
+    ("tab:blue", "kept by the random sample"),
+    ("tab:green", "newest tokens (always kept)"),
+)
 
 
 def plot_retention(
     retained: Sequence[Sequence[int]],
     *,
+    config: RandKVConfig,
     tokens_seen: int,
     prompt_length: int,
     layer: int,
-    budget: int,
-    buffer_size: int,
     path: Path,
-) -> None:
-    """One row per KV head of one layer: which absolute positions are still in its cache."""
+) -> list[str]:
+    """One row per KV head of one layer: which absolute positions are still in its cache.
+
+    Returns the legend's labels."""
     import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
     plt = _pyplot()
+    tail = kept_tail_start(config, prompt_length=prompt_length, tokens_seen=tokens_seen)
+    classes = np.zeros(tokens_seen, dtype=np.uint8)
+    classes[:prompt_length] = 1
+    classes[prompt_length:] = 2
+    if tail is not None:
+        classes[tail:] = 3
     image = np.zeros((len(retained), tokens_seen), dtype=np.uint8)
     for head, positions in enumerate(retained):
-        image[head, list(positions)] = 1
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(retained) + 1.6))
-    ax.imshow(image, aspect="auto", interpolation="nearest", cmap="Blues", vmin=0, vmax=1)
-    ax.axvline(prompt_length - 0.5, color="tab:orange", lw=1, label="end of prompt")
-    ax.axvline(tokens_seen - buffer_size - 0.5, color="tab:green", lw=1, label="newest r")
+        kept = np.asarray(list(positions), dtype=np.int64)
+        image[head, kept] = classes[kept]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(retained) + 2.0))
+    colours = ListedColormap([colour for colour, _ in _RETENTION_CLASSES])
+    ax.imshow(
+        image,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=colours,
+        vmin=0,
+        vmax=len(_RETENTION_CLASSES) - 1,
+    )
+    handles: list[Any] = [
+        Patch(facecolor=colour, edgecolor="0.6", label=label)
+        for colour, label in _RETENTION_CLASSES
+    ]
+    handles.append(
+        ax.axvline(prompt_length - 0.5, color="black", lw=0.8, ls=":", label="end of prompt")
+    )
+    if tail is not None:
+        line = ax.axvline(tail - 0.5, color="black", lw=0.8, ls="--")
+        line.set_label(
+            f"newest {tokens_seen - tail} = r + {tokens_seen - tail - config.buffer_size} "
+            "since the last round"
+        )
+        handles.append(line)
     ax.set_xlabel("absolute position")
     ax.set_ylabel("KV head")
     ax.set_yticks(range(len(retained)))
     ax.set_title(
-        f"Layer {layer}: positions kept after {tokens_seen} tokens (K={budget}, r={buffer_size})"
+        f"Layer {layer}: positions kept after {tokens_seen} tokens "
+        f"(K={config.budget}, r={config.buffer_size})"
     )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
+    ax.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, frameon=False
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return [handle.get_label() for handle in handles]

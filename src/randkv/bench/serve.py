@@ -3,6 +3,11 @@
 Same model, same KV pool (a fixed number of blocks), same seeded request mix, same
 max_num_seqs: plain vLLM and vLLM + RandKV are each served by `randkv serve` on loopback, in
 one invocation, and driven over HTTP with streaming completions.
+
+With `repeats` > 1 the two arms run alternately in ABBA order (plain, RandKV, RandKV, plain,
+plain, ...), each run on a freshly started server, so slow drifts of the machine (other jobs,
+caches, clocks) fall on both arms alike; the result reports the median and the range of
+each arm and of the per-repeat ratio, and keeps every run.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
+import math
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +56,11 @@ class ServeBench:
     gpu_memory_utilization: float = 0.2  # on the CPU backend: the share of host memory
     enforce_eager: bool = True  # no torch.compile warm-up; turn off on GPUs for CUDA graphs
     results_dir: Path = Path("results/bench-serve")
+    repeats: int = 1  # runs of each arm, in ABBA order
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
 
     def model_len(self) -> int:
         """vLLM refuses a max_model_len whose one sequence does not fit in the pool."""
@@ -204,12 +217,90 @@ class _Null:
         pass
 
 
-def _ratio(ours: float, plain: float) -> float | None:
-    return ours / plain if plain else None
+def _ratio(ours: float | None, plain: float | None) -> float | None:
+    return ours / plain if ours is not None and plain else None
 
 
-def assemble(bench: ServeBench, model: str, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    plain, ours = arms["plain"], arms["randkv"]
+def abba_order(repeats: int) -> list[tuple[int, str]]:
+    """(repeat, arm) in execution order: A B, B A, A B, ... (A = plain, B = RandKV).
+
+    Each repeat is one adjacent pair, and every second pair is reversed, so a drift over
+    the session favours neither arm and neither always runs first.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    order: list[tuple[int, str]] = []
+    for repeat in range(repeats):
+        pair = ARMS if repeat % 2 == 0 else ARMS[::-1]
+        order += [(repeat, arm) for arm in pair]
+    return order
+
+
+#: What the repeat summary reports, read from one arm's run.
+SUMMARY_READERS: dict[str, Callable[[dict[str, Any]], float]] = {
+    "output_tokens_per_s": lambda run: run["output_tokens_per_s"],
+    "ttft_p50_s": lambda run: run["ttft_s"]["p50"],
+    "itl_p50_s": lambda run: run["itl_s"]["p50"],
+}
+
+
+def spread(values: list[float | None]) -> dict[str, Any]:
+    """Median and range (min, max) of the known values; every value is kept."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return {"median": None, "min": None, "max": None, "values": list(values)}
+    return {
+        "median": statistics.median(known),
+        "min": min(known),
+        "max": max(known),
+        "values": list(values),
+    }
+
+
+def summarize_repeats(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per metric: the spread of each arm over its repeats, and of the per-repeat ratio
+    RandKV / plain (each repeat's pair, never the ratio of two medians)."""
+    if len(runs["plain"]) != len(runs["randkv"]):
+        raise ValueError("both arms need the same number of repeats")
+    summary: dict[str, dict[str, Any]] = {arm: {} for arm in (*ARMS, "ratio")}
+    for metric, read in SUMMARY_READERS.items():
+        plain = [read(run) for run in runs["plain"]]
+        ours = [read(run) for run in runs["randkv"]]
+        summary["plain"][metric] = spread(plain)
+        summary["randkv"][metric] = spread(ours)
+        summary["ratio"][metric] = spread([_ratio(b, a) for a, b in zip(plain, ours, strict=True)])
+    return summary
+
+
+def representative_repeat(summary: dict[str, dict[str, Any]]) -> int:
+    """The repeat whose throughput ratio is nearest the median ratio (the earliest on a tie):
+    its runs fill `arms`, the table and the timeline plot."""
+    ratio = summary["ratio"]["output_tokens_per_s"]
+    if ratio["median"] is None:
+        return 0
+
+    def distance(repeat: int) -> tuple[float, int]:
+        value = ratio["values"][repeat]
+        if value is None:
+            return (math.inf, repeat)
+        # Rounded: with an even number of repeats the two middle ones tie exactly.
+        return (round(abs(value - ratio["median"]), 9), repeat)
+
+    return min(range(len(ratio["values"])), key=distance)
+
+
+def assemble(
+    bench: ServeBench,
+    model: str,
+    runs: dict[str, list[dict[str, Any]]],
+    order: list[tuple[int, str]] | None = None,
+) -> dict[str, Any]:
+    """The result JSON from every run of both arms (`runs[arm][repeat]`)."""
+    repeats = len(runs["plain"])
+    order = order if order is not None else abba_order(repeats)
+    summary = summarize_repeats(runs)
+    chosen = representative_repeat(summary)
+    plain, ours = runs["plain"][chosen], runs["randkv"][chosen]
     ratios = {
         "output_tokens_per_s": _ratio(ours["output_tokens_per_s"], plain["output_tokens_per_s"]),
         "running_requests_mean": _ratio(
@@ -219,13 +310,14 @@ def assemble(bench: ServeBench, model: str, arms: dict[str, dict[str, Any]]) -> 
         "ttft_p50": _ratio(ours["ttft_s"]["p50"], plain["ttft_s"]["p50"]),
         "itl_p50": _ratio(ours["itl_s"]["p50"], plain["itl_s"]["p50"]),
     }
-    share = ours["eviction"]["share_of_step_time"]
-    preempted = plain["preemptions"] > 0
+    # Judged on the medians over repeats, so one lucky or unlucky pair decides nothing.
+    share = statistics.median(run["eviction"]["share_of_step_time"] for run in runs["randkv"])
+    preempted = all(run["preemptions"] > 0 for run in runs["plain"])
     met = (
         preempted
-        and (ratios["output_tokens_per_s"] or 0) >= TARGET_THROUGHPUT_RATIO
+        and (summary["ratio"]["output_tokens_per_s"]["median"] or 0) >= TARGET_THROUGHPUT_RATIO
         and share < TARGET_EVICTION_SHARE
-        and ours["requests_failed"] == 0
+        and all(run["requests_failed"] == 0 for run in runs["randkv"])
     )
     return {
         "schema": SCHEMA_NAME,
@@ -246,13 +338,19 @@ def assemble(bench: ServeBench, model: str, arms: dict[str, dict[str, Any]]) -> 
             "dtype": bench.dtype,
         },
         "workload": bench.workload.to_json(),
-        "arms": arms,
+        "repeats": repeats,
+        "order": [arm for _, arm in order],
+        "runs": runs,
+        "summary": summary,
+        "representative_repeat": chosen,
+        "arms": {"plain": plain, "randkv": ours},
         "ratios": ratios,
         "targets": {
             "min_throughput_ratio": TARGET_THROUGHPUT_RATIO,
             "max_eviction_share": TARGET_EVICTION_SHARE,
             "plain_preempted": preempted,
             "met": bool(met),
+            "judged_on": f"medians over {repeats} repeat(s)",
         },
     }
 
@@ -264,7 +362,8 @@ def _vllm_version() -> str:
 
 
 def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
-    """Both arms, then JSON (`result.json`) and the timeline plot (`timeline.png`)."""
+    """Both arms, `bench.repeats` times each in ABBA order, then JSON (`result.json`) and the
+    timeline plot of the representative repeat (`timeline.png`)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -282,11 +381,14 @@ def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
     def progress_factory(**kwargs: Any) -> Any:
         return tqdm(disable=not progress, **kwargs)
 
-    arms = {
-        name: run_arm(bench, model, config, requests, name, progress_factory)
-        for name, config in (("plain", None), ("randkv", bench.randkv))
-    }
-    result = assemble(bench, model, arms)
+    configs = {"plain": None, "randkv": bench.randkv}
+    order = abba_order(bench.repeats)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    for position, (repeat, arm) in enumerate(order):
+        name = arm if bench.repeats == 1 else f"{arm}-{repeat}"
+        measured = run_arm(bench, model, configs[arm], requests, name, progress_factory)
+        runs[arm].append({**measured, "repeat": repeat, "position": position})
+    result = assemble(bench, model, runs, order)
     validate(result)
     (bench.results_dir / "result.json").write_text(json.dumps(result, indent=2))
     plot_timeline(result, bench.results_dir / "timeline.png")
@@ -328,5 +430,38 @@ def format_table(result: dict[str, Any], *, with_target: bool = True) -> str:
         f"target (>= {targets['min_throughput_ratio']:.0f}x tokens/s with plain vLLM "
         f"preempting, eviction < {100 * targets['max_eviction_share']:.0f}% of step time): "
         + ("met" if targets["met"] else "NOT met")
+        + (f", on the medians of {result['repeats']} repeats" if result["repeats"] > 1 else "")
     )
+    return "\n".join(lines)
+
+
+def _spread_cell(stat: dict[str, Any], scale: float, fmt: str, suffix: str = "") -> str:
+    if stat["median"] is None:
+        return "-"
+    low, mid, high = (format(stat[k] * scale, fmt) for k in ("min", "median", "max"))
+    return f"{mid}{suffix} [{low}, {high}]"
+
+
+def format_repeats(result: dict[str, Any]) -> str:
+    """Median [min, max] over the repeats, for each arm and for the per-repeat ratio."""
+    summary = result["summary"]
+    rows = [
+        ("output tokens/s", "output_tokens_per_s", 1.0, ".0f"),
+        ("TTFT p50 (ms)", "ttft_p50_s", 1e3, ".1f"),
+        ("inter-token latency p50 (ms)", "itl_p50_s", 1e3, ".1f"),
+    ]
+    order = " ".join("A" if arm == "plain" else "B" for arm in result["order"])
+    lines = [
+        f"{result['repeats']} repeats, run order {order} (A = plain, B = RandKV); "
+        "median [min, max]; the table above is repeat "
+        f"{result['representative_repeat']} (ratio nearest the median)",
+        f"{'':30s}{'plain vLLM':>20s}{'vLLM + RandKV':>22s}{'ratio':>22s}",
+    ]
+    for label, metric, scale, fmt in rows:
+        cells = [_spread_cell(summary[arm][metric], scale, fmt) for arm in ARMS]
+        cells.append(_spread_cell(summary["ratio"][metric], 1.0, ".2f", "x"))
+        widths = (20, 22, 22)
+        lines.append(
+            f"{label:30s}" + "".join(f"{c:>{w}s}" for c, w in zip(cells, widths, strict=True))
+        )
     return "\n".join(lines)

@@ -2,6 +2,13 @@
 
 Bump SCHEMA_VERSION on any change a reader would notice (renamed or removed field, changed
 meaning or unit); adding an optional field does not need a bump.
+
+Version 2 (`--repeats`): `repeats`, `order` (the arms in execution order, ABBA), `runs`
+(every run of each arm, by repeat), `summary` (median, min, max and the values over the
+repeats of each arm and of the per-repeat ratio RandKV / plain, for output tokens/s, TTFT
+p50 and inter-token latency p50) and `representative_repeat`. `arms` and `ratios` keep their
+version-1 shape and describe the representative repeat (the one whose throughput ratio is
+nearest the median); `targets` is judged on the medians over repeats.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 SCHEMA_NAME = "randkv.bench.serve"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _NUMBER = {"type": "number"}
 _COUNT = {"type": "integer", "minimum": 0}
@@ -87,6 +94,31 @@ ARM_SCHEMA: dict[str, Any] = {
     },
 }
 
+RUN_SCHEMA: dict[str, Any] = {
+    "allOf": [ARM_SCHEMA],
+    "required": ["repeat", "position"],
+    "properties": {"repeat": _COUNT, "position": _COUNT},
+}
+
+_MAYBE_NUMBER = {"type": ["number", "null"]}
+_SPREAD = {
+    "type": "object",
+    "required": ["median", "min", "max", "values"],
+    "properties": {
+        "median": _MAYBE_NUMBER,
+        "min": _MAYBE_NUMBER,
+        "max": _MAYBE_NUMBER,
+        "values": {"type": "array", "items": _MAYBE_NUMBER, "minItems": 1},
+    },
+    "additionalProperties": False,
+}
+SUMMARY_METRICS = ("output_tokens_per_s", "ttft_p50_s", "itl_p50_s")
+_SUMMARY_GROUP = {
+    "type": "object",
+    "required": list(SUMMARY_METRICS),
+    "properties": {metric: _SPREAD for metric in SUMMARY_METRICS},
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "randkv bench serve result",
@@ -100,6 +132,11 @@ SCHEMA: dict[str, Any] = {
         "model",
         "engine",
         "workload",
+        "repeats",
+        "order",
+        "runs",
+        "summary",
+        "representative_repeat",
         "arms",
         "ratios",
         "targets",
@@ -123,6 +160,24 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["requests", "prompt_tokens", "output_tokens", "seed"],
         },
+        "repeats": {"type": "integer", "minimum": 1},
+        "order": {"type": "array", "items": {"enum": ["plain", "randkv"]}},
+        "runs": {
+            "type": "object",
+            "required": ["plain", "randkv"],
+            "properties": {
+                arm: {"type": "array", "items": RUN_SCHEMA, "minItems": 1}
+                for arm in ("plain", "randkv")
+            },
+            "additionalProperties": False,
+        },
+        "summary": {
+            "type": "object",
+            "required": ["plain", "randkv", "ratio"],
+            "properties": {group: _SUMMARY_GROUP for group in ("plain", "randkv", "ratio")},
+            "additionalProperties": False,
+        },
+        "representative_repeat": _COUNT,
         "arms": {
             "type": "object",
             "required": ["plain", "randkv"],
@@ -162,6 +217,7 @@ SCHEMA: dict[str, Any] = {
                 "max_eviction_share": _NUMBER,
                 "plain_preempted": {"type": "boolean"},
                 "met": {"type": "boolean"},
+                "judged_on": {"type": "string"},
             },
         },
     },
