@@ -161,3 +161,33 @@ def test_plugin_refusals_name_the_setting(monkeypatch):
     args = _engine_args_like(additional_config={"randkv": {"budjet": 1}})
     with pytest.raises(ValueError, match="unknown RandKV option"):
         plugin.apply_to_engine_args(args)
+
+
+def test_the_front_door_passes_requests_through_without_randkv():
+    """The wrapped renderers read RandKV's settings from the engine on every call: an engine
+    without "randkv" gets vLLM's rendered request back untouched, however long."""
+    import asyncio
+    import types
+
+    from randkv.vllm import front_door
+
+    rendered = ["engine input"]
+
+    async def render(self, request):
+        return rendered
+
+    checked = front_door._checked(render, lambda inputs: inputs)
+
+    def serving(additional_config):
+        vllm_config = types.SimpleNamespace(additional_config=additional_config)
+        return types.SimpleNamespace(
+            engine_client=types.SimpleNamespace(vllm_config=vllm_config),
+            _extract_prompt_len=lambda item: 10_000,
+            create_error_response=lambda message, **kwargs: ("error", message, kwargs),
+        )
+
+    request = types.SimpleNamespace(vllm_xargs={"randkv_keyy": 1.5})
+    assert asyncio.run(checked(serving({}), request)) is rendered
+    assert asyncio.run(checked(serving({"other": 1}), request)) is rendered
+    refused = asyncio.run(checked(serving({"randkv": {"budget": 64}}), request))
+    assert refused[0] == "error" and "randkv_keyy" in refused[1]
