@@ -455,12 +455,12 @@ def format_repeats(result: dict[str, Any]) -> str:
         f"{result['repeats']} repeats, run order {order} (A = plain, B = RandKV); "
         "median [min, max]; the table above is repeat "
         f"{result['representative_repeat']} (ratio nearest the median)",
-        f"{'':30s}{'plain vLLM':>20s}{'vLLM + RandKV':>22s}{'ratio':>22s}",
+        f"{'':30s}{'plain vLLM':>26s}{'vLLM + RandKV':>26s}{'ratio':>22s}",
     ]
     for label, metric, scale, fmt in rows:
         cells = [_spread_cell(summary[arm][metric], scale, fmt) for arm in ARMS]
         cells.append(_spread_cell(summary["ratio"][metric], 1.0, ".2f", "x"))
-        widths = (20, 22, 22)
+        widths = (26, 26, 22)  # room for "11104.7 [6085.9, 11104.7]" and a gap
         lines.append(
             f"{label:30s}" + "".join(f"{c:>{w}s}" for c, w in zip(cells, widths, strict=True))
         )

@@ -2,7 +2,8 @@
 
 - `RandKVCache`: a `transformers.Cache`; works inside `model.generate` for batch size 1 and
   unpadded equal-length batches.
-- `generate`: one-call generation for any left-padded batch (each row its own request).
+- `generate`: one-call generation for any left-padded batch (each row its own request);
+  `forced_decode`: the same loop with some tokens dictated (the rest greedy).
 - `reference_decode`, `teacher_forced_logprobs`: float32 batch-1 oracles for the engine.
 
 Tested with transformers 5.0.0, 5.12.1, 5.18.0 and 5.24.0 (torch 2.13, CPU).
@@ -11,6 +12,7 @@ Tested with transformers 5.0.0, 5.12.1, 5.18.0 and 5.24.0 (torch 2.13, CPU).
 from randkv.hf.cache import RandKVCache, left_pad, prompt_rows
 from randkv.hf.generate import (
     TeacherForced,
+    forced_decode,
     generate,
     reference_decode,
     teacher_forced_logprobs,
@@ -22,6 +24,7 @@ __all__ = [
     "TeacherForced",
     "UnsupportedModelError",
     "check_supported",
+    "forced_decode",
     "generate",
     "left_pad",
     "prompt_rows",

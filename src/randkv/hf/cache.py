@@ -549,6 +549,13 @@ class RandKVCache(Cache):
             device=device,
             positions=None if self._positions is None else self._positions[rows],
             attention=None if self._statistic is None else self._statistic[rows],
+            keys=self._round_keys(rows) if self.selector.needs_keys else None,
+        )
+
+    def _round_keys(self, rows: torch.Tensor) -> torch.Tensor:
+        """(n, layers, kv_heads, K + 2r, head_dim) float32 copies of the due rows' keys."""
+        return torch.stack(
+            [layer.keys[rows.to(layer.keys.device)].float().cpu() for layer in self.layers], 1
         )
 
     def _move_slot_state(self, view: RoundView, plan: RoundPlan) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -29,7 +29,13 @@ from randkv.hf.cache import RandKVCache, prompt_rows
 from randkv.hf.support import check_supported
 from randkv.selectors import attention_hooks
 
-__all__ = ["TeacherForced", "generate", "reference_decode", "teacher_forced_logprobs"]
+__all__ = [
+    "TeacherForced",
+    "forced_decode",
+    "generate",
+    "reference_decode",
+    "teacher_forced_logprobs",
+]
 
 # Keyword arguments `generate` understands (besides randkv/request_keys/generator).
 SUPPORTED_GENERATE_KWARGS = frozenset(
@@ -257,6 +263,47 @@ def generate(
                 step_ids = next_tokens[:, None]
                 step_real = torch.ones(batch, 1, dtype=torch.bool)
     return sequences
+
+
+def forced_decode(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    forced: torch.Tensor,
+    *,
+    cache: RandKVCache,
+    on_step: Callable[[int, RandKVCache], None] | None = None,
+) -> torch.LongTensor:
+    """Decode `forced.shape[1]` tokens per row over `cache`: where `forced` (batch, steps) is
+    >= 0 that token is written, where it is -1 the greedy token is; returns the new tokens.
+
+    For tasks whose text is partly dictated (a schedule) and partly answered by the model,
+    every written token goes through the cache's rounds. `on_step(step, cache)` runs after
+    each forward, before the step's token is chosen (the cache then holds what the model saw).
+    Attention-reading selectors get their weights as in `generate`.
+    """
+    rows = prompt_rows(input_ids, attention_mask)
+    if cache.batch_rows != len(rows) or any(cache.tokens_seen(b) for b in range(len(rows))):
+        raise ValueError("cache must be a fresh RandKVCache for this batch")
+    real = (
+        torch.ones_like(input_ids, dtype=torch.bool)
+        if attention_mask is None
+        else attention_mask.to(torch.bool)
+    )
+    session = _Session(model, cache)
+    out = torch.empty(forced.shape, dtype=torch.long)
+    step_ids, step_real = input_ids.to(session.device), real
+    with attention_hooks(model, cache), torch.inference_mode():
+        for step in range(forced.shape[1]):
+            logits = session.forward(step_ids, step_real)
+            if on_step is not None:
+                on_step(step, cache)
+            greedy = torch.argmax(logits, dim=-1).cpu()
+            column = forced[:, step]
+            out[:, step] = torch.where(column >= 0, column, greedy)
+            step_ids = out[:, step : step + 1].to(session.device)
+            step_real = torch.ones(len(rows), 1, dtype=torch.bool)
+    return out
 
 
 def _single_row_cache(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 __all__ = ["add_quality_commands"]
@@ -19,11 +20,20 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from randkv.quality.ledger_train import LedgerTrainConfig, train_ledger
     from randkv.quality.model import shipped_checkpoint
     from randkv.quality.train import TrainConfig, train
 
-    config = TrainConfig(seed=args.seed, steps=args.steps, threads=args.threads, tally=args.tally)
-    out = args.out or str(shipped_checkpoint())
+    config: Any
+    if args.task == "ledger":
+        if args.tally:
+            raise SystemExit("--tally is a pointer-chain variant; not with --task ledger")
+        config, run = LedgerTrainConfig(seed=args.seed, threads=args.threads), train_ledger
+    else:
+        config, run = TrainConfig(seed=args.seed, threads=args.threads, tally=args.tally), train
+    if args.steps is not None:
+        config = replace(config, steps=args.steps)
+    out = args.out or str(shipped_checkpoint(args.task))
     bar: Any = None
     try:
         from tqdm import tqdm
@@ -37,7 +47,7 @@ def _train(args: argparse.Namespace) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", token_acc=f"{accuracy:.4f}")
 
-    record = train(out, config, progress=progress, save_every=args.save_every)
+    record = run(out, config, progress=progress, save_every=args.save_every)
     if bar is not None:
         bar.close()
     summary = {k: v for k, v in record.items() if k != "history"}
@@ -77,10 +87,13 @@ def add_quality_commands(commands: Any) -> None:
         "quality", help="RandKV beside scored evictors on a trained long-generation task"
     ).add_subparsers(dest="quality", required=True)
 
-    train = quality.add_parser("train", help="train the pointer-chain model on CPU")
+    train = quality.add_parser("train", help="train the pointer-chain or ledger model on CPU")
+    train.add_argument(
+        "--task", choices=("pointer", "ledger"), default="pointer", help="which task's model"
+    )
     train.add_argument("--out", default=None, help="checkpoint folder (default: the shipped one)")
     train.add_argument("--seed", type=int, default=train_defaults.seed)
-    train.add_argument("--steps", type=int, default=train_defaults.steps)
+    train.add_argument("--steps", type=int, default=None, help="default: the shipped run's")
     train.add_argument("--threads", type=int, default=train_defaults.threads)
     train.add_argument(
         "--tally", action="store_true", help="train on tally chains (not learned at this size)"

@@ -17,6 +17,7 @@ import torch
 from randkv.models import tiny
 
 __all__ = [
+    "CHECKPOINTS",
     "MODEL_PARAMS",
     "build_model",
     "decode",
@@ -75,9 +76,15 @@ def write_tokenizer_files(folder: Path) -> None:
         (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def shipped_checkpoint() -> Path:
-    """Folder of the trained checkpoint shipped in the package."""
-    return Path(str(resources.files("randkv.quality") / "checkpoint"))
+#: Folder of each task's shipped checkpoint inside the package.
+CHECKPOINTS = {"pointer": "checkpoint", "ledger": "checkpoint_ledger"}
+
+
+def shipped_checkpoint(task: str = "pointer") -> Path:
+    """Folder of the trained checkpoint of `task` ("pointer" or "ledger") shipped in the package."""
+    if task not in CHECKPOINTS:
+        raise ValueError(f"unknown task {task!r}; choose from {list(CHECKPOINTS)}")
+    return Path(str(resources.files("randkv.quality") / CHECKPOINTS[task]))
 
 
 def load_model(path: str | Path | None = None, *, attn_implementation: str = "eager") -> Any:

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["bootstrap_mean_ci", "paired_comparison", "sign_test", "wilson_interval"]
+__all__ = [
+    "bootstrap_mean_ci",
+    "cluster_bootstrap_ci",
+    "holm",
+    "paired_comparison",
+    "sign_test",
+    "wilson_interval",
+]
 
 Z95 = 1.959963984540054
 
@@ -77,3 +84,41 @@ def paired_comparison(
         "problems_better": better,
         "problems_worse": worse,
     }
+
+
+def cluster_bootstrap_ci(
+    right: Sequence[float],
+    total: Sequence[float],
+    *,
+    resamples: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of a ratio sum(right) / sum(total) over clusters.
+
+    One entry per cluster (a problem: its right uses and its uses in a stratum); clusters are
+    resampled whole, since uses of one sequence are correlated. Clusters with total 0 count
+    as drawn but add nothing."""
+    num = np.asarray(right, dtype=np.float64)
+    den = np.asarray(total, dtype=np.float64)
+    if num.shape != den.shape or num.size == 0 or den.sum() <= 0:
+        raise ValueError("need one (right, total) per cluster and some uses")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, num.size, size=(resamples, num.size))
+    sums = den[picks].sum(axis=1)
+    ratios = num[picks].sum(axis=1)[sums > 0] / sums[sums > 0]
+    tail = (1 - level) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (same order as given): reject where <= alpha to hold
+    the family-wise error rate at alpha over the whole family."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

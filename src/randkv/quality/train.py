@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,7 +25,7 @@ from randkv.models.tiny import PAD_ID
 from randkv.quality.model import MODEL_PARAMS, build_model, encode, write_tokenizer_files
 from randkv.quality.task import TASK_VERSION, TaskConfig, make_problem
 
-__all__ = ["TrainConfig", "train"]
+__all__ = ["Schedule", "TrainConfig", "fit", "train"]
 
 #: Training problems come from task families TRAIN_FAMILY + seed; evaluation uses family 0..
 #: (the families are independent random streams, so train and eval problems differ).
@@ -75,12 +75,23 @@ def _batch(config: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-def _lr(config: TrainConfig, step: int) -> float:
+def _lr(config: Schedule, step: int) -> float:
     """Linear warm-up, then cosine decay to a tenth."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Schedule(Protocol):
+    """What the optimisation loop reads of a training config."""
+
+    seed: int
+    steps: int
+    lr: float
+    warmup: int
+    weight_decay: float
+    threads: int
 
 
 def train(
@@ -97,6 +108,32 @@ def train(
     interrupted run leaves a usable checkpoint; the weights are not affected.
     """
     config = config or TrainConfig()
+
+    def record(history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+        return _record(config, history, seconds)
+
+    return fit(
+        out_dir,
+        config,
+        lambda step: _batch(config, step),
+        record,
+        progress=progress,
+        save_every=save_every,
+    )
+
+
+def fit(
+    out_dir: str | Path,
+    config: Schedule,
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    record: Callable[[list[dict[str, Any]], float], dict[str, Any]],
+    *,
+    progress: Callable[[int, float, float], None] | None = None,
+    save_every: int = 0,
+) -> dict[str, Any]:
+    """The optimisation loop of every quality model: a fresh model seeded by `config.seed`,
+    AdamW with warm-up and cosine decay, `batch(step)` -> (ids, labels with -100 where no
+    loss is taken); saves the folder with `record(history, seconds)` as quality_train.json."""
     torch.set_num_threads(config.threads)
     model = build_model(config.seed)
     model.config._attn_implementation = "sdpa"
@@ -116,7 +153,7 @@ def train(
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
-        ids, labels = _batch(config, step)
+        ids, labels = batch(step)
         logits = model(input_ids=ids).logits[:, :-1]
         target = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
@@ -133,12 +170,12 @@ def train(
         if progress is not None:
             progress(step, loss.item(), accuracy)
         if save_every and (step + 1) % save_every == 0 and step + 1 < config.steps:
-            partial = _record(config, history, time.perf_counter() - start)
+            partial = record(history, time.perf_counter() - start)
             _save(model, Path(out_dir), {**partial, "partial": True})
             model.train()
-    record = _record(config, history, time.perf_counter() - start)
-    _save(model, Path(out_dir), record)
-    return record
+    final = record(history, time.perf_counter() - start)
+    _save(model, Path(out_dir), final)
+    return final
 
 
 def _record(config: TrainConfig, history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:

@@ -17,27 +17,36 @@ See docs/selectors.md.
 | H2O(protect_prompt=False) | recent half + heavy hitters, prompt competes (as in the paper) | no |
 | SnapKV() | prompt + r newest + top observation-window votes, pooled | yes |
 | TOVA() | prompt + r newest + top attention of the newest query | yes |
+| SharedRandKV() | RandKV with one draw per layer shared by its KV heads (ablation) | yes |
+| RKV() | prompt + r newest + top attention importance minus key redundancy | yes |
+| Belady(future=...) | oracle: the copies future steps need, soonest first | yes |
 """
 
 from randkv.selectors.base import PromptChoice, ScoredSelector, Selector, lowest
 from randkv.selectors.h2o import H2O
 from randkv.selectors.hooks import attention_hooks
-from randkv.selectors.randkv import RandKV
+from randkv.selectors.oracle import Belady, Need
+from randkv.selectors.randkv import RandKV, SharedRandKV
 from randkv.selectors.recency import PromptWindow, StreamingLLM
+from randkv.selectors.rkv import RKV
 from randkv.selectors.snapkv import SnapKV
 from randkv.selectors.tova import TOVA
 from randkv.selectors.view import AttentionStep, RoundView
 
 __all__ = [
     "H2O",
+    "RKV",
     "TOVA",
     "AttentionStep",
+    "Belady",
+    "Need",
     "PromptChoice",
     "PromptWindow",
     "RandKV",
     "RoundView",
     "ScoredSelector",
     "Selector",
+    "SharedRandKV",
     "SnapKV",
     "StreamingLLM",
     "attention_hooks",

@@ -31,6 +31,8 @@ class Selector(ABC):
     needs_positions: ClassVar[bool] = False
     #: Reads attention weights: the cache records query slots and calls `observe` each layer.
     needs_attention: ClassVar[bool] = False
+    #: Reads `RoundView.keys` (each slot's cached key, for redundancy scores).
+    needs_keys: ClassVar[bool] = False
     #: The attention statistic restarts after each round (an observation window) instead of
     #: following its tokens through the round's moves.
     resets_after_round: ClassVar[bool] = False

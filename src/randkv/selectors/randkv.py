@@ -13,7 +13,7 @@ from randkv.planner import RoundPlanner
 from randkv.selectors.base import PromptChoice
 from randkv.selectors.view import RoundView
 
-__all__ = ["RandKV"]
+__all__ = ["RandKV", "SharedRandKV"]
 
 
 @lru_cache(maxsize=16)
@@ -38,3 +38,16 @@ class RandKV(PromptChoice):
     def select(self, view: RoundView) -> torch.Tensor:
         planner = _planner(view.config, view.layers, view.kv_heads, view.device)
         return planner.plan(self.first_slot(view), view.request_keys, view.round_indices).evicted
+
+
+@dataclass(frozen=True)
+class SharedRandKV(RandKV):
+    """Ablation: one uniform draw per layer, shared by all its KV heads (the draw of KV head
+    0 of the shipped planner, applied to every head). Isolates the cross-head independence
+    argument: with it, a token is either kept in every head of a layer or in none."""
+
+    label = "randkv-shared"
+
+    def select(self, view: RoundView) -> torch.Tensor:
+        evicted = super().select(view)
+        return evicted[:, :, :1].expand_as(evicted).contiguous()

@@ -17,8 +17,9 @@ class RoundView:
 
     Tensors are on CPU except where noted. Fields a policy did not declare a need for are
     None. The view is valid during `Selector.select` only: the cache then applies the round
-    to `positions` and `attention` in place. Later needs (a layer's keys for redundancy
-    scores, the future uses an oracle knows) are new optional fields, declared the same way.
+    to `positions` and `attention` in place. Keys (for redundancy scores) are gathered only
+    for a policy that declares `needs_keys`; what an oracle knows of the future is its own
+    field, not the view's.
     """
 
     config: RandKVConfig
@@ -33,6 +34,8 @@ class RoundView:
     positions: torch.Tensor | None = None
     #: (n, layers, kv_heads, K + 2r) float32: the statistic the policy's `observe` keeps.
     attention: torch.Tensor | None = None
+    #: (n, layers, kv_heads, K + 2r, head_dim) float32: the cached (rotated) key of each slot.
+    keys: torch.Tensor | None = None
 
     def need(self, name: str) -> torch.Tensor:
         """The optional field `name`, or a ValueError saying how to get it."""
