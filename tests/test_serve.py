@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -11,40 +10,20 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
 import httpx  # noqa: E402
+from serving import CONFIG, ENGINE_ARGS, PROMPT, one_cpu  # noqa: E402
 
-from randkv import RandKVConfig, num_rounds, request_key_from_text  # noqa: E402
+from randkv import num_rounds, request_key_from_text  # noqa: E402
 from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
-CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=5)
-ENGINE_ARGS = {
-    "dtype": "float32",
-    "block_size": 16,
-    "num_gpu_blocks_override": 64,
-    "gpu_memory_utilization": 0.2,
-    "max_model_len": 8192,  # the cancelled request asks for far more than it gets
-    "max_num_seqs": 8,
-    "enforce_eager": True,
-}
-PROMPT = "Keep the prompt; sample the rest."  # 33 bytes: under K
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    # On the 2-vCPU CI VMs a process that sleeps (this client, the API server) can miss
-    # its wake-ups for seconds while vLLM's worker decodes flat out, so a stream
-    # arrives in one burst at its end and a cancel lands too late; with every process on
-    # one vCPU wake-ups are prompt (docs/notes/vllm-internals.md, item 18). The server
-    # inherits this process's CPU set.
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {max(allowed)})
-    try:
-        with running_server(str(tiny_model_path), CONFIG, ENGINE_ARGS, log) as running:
-            yield running
-    finally:
-        os.sched_setaffinity(0, allowed)
+    with one_cpu(), running_server(str(tiny_model_path), CONFIG, ENGINE_ARGS, log) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

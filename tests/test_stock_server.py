@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import sys
 
@@ -16,8 +15,9 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
 import httpx  # noqa: E402
+from serving import CONFIG, ENGINE_ARGS, PROMPT, one_cpu  # noqa: E402
 
-from randkv import RandKVConfig, num_rounds  # noqa: E402
+from randkv import num_rounds  # noqa: E402
 from randkv.bench.server import (  # noqa: E402
     SERVED_MODEL_NAME,
     Server,
@@ -27,17 +27,6 @@ from randkv.bench.server import (  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
-CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=5)
-ENGINE_ARGS = {
-    "dtype": "float32",
-    "block_size": 16,
-    "num_gpu_blocks_override": 64,
-    "gpu_memory_utilization": 0.2,
-    "max_model_len": 2048,
-    "max_num_seqs": 8,
-    "enforce_eager": True,
-}
-PROMPT = "Keep the prompt; sample the rest."  # 33 bytes: under K
 KEY = "stock-server"
 
 
@@ -48,11 +37,8 @@ def _flags(engine_args: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def pinned_cpu():
-    # One vCPU for client and server: see tests/test_serve.py (docs/notes, item 18).
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {max(allowed)})
-    yield
-    os.sched_setaffinity(0, allowed)
+    with one_cpu():
+        yield
 
 
 @pytest.fixture(scope="module")

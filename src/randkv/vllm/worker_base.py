@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -313,8 +314,6 @@ class RandKVWorkerMixin:
         self.model_runner.randkv_setup(self.randkv, self.randkv_layout())
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        import time
-
         start = time.perf_counter()
         self.model_runner.randkv_before_step(scheduler_output)
         output = super().execute_model(scheduler_output, *args, **kwargs)
