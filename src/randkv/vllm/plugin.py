@@ -47,7 +47,9 @@ def _with_randkv(create: Any) -> Any:
     @functools.wraps(create)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _randkv_options(self) is not None:
-            apply_to_engine_args(self)
+            usage = kwargs.get("usage_context", args[0] if args else None)
+            # The offline LLM class has no /metrics endpoint to warn about.
+            apply_to_engine_args(self, serving=getattr(usage, "name", None) != "LLM_CLASS")
         return create(self, *args, **kwargs)
 
     create_engine_config.__randkv_wrapped__ = True  # type: ignore[attr-defined]
@@ -59,9 +61,10 @@ def _randkv_options(engine_args: Any) -> Any:
     return extra.get("randkv") if isinstance(extra, dict) else None
 
 
-def apply_to_engine_args(engine_args: Any) -> None:
+def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
     """Validate RandKV's options in `engine_args.additional_config` and fill in what RandKV
-    needs (raises UnsupportedModeError / ValueError naming what to change)."""
+    needs (raises UnsupportedModeError / ValueError naming what to change). `serving`: the
+    engine will back an HTTP server (warn once if its metrics cannot reach /metrics)."""
     from randkv.config import RandKVConfig
     from randkv.vllm import front_door
     from randkv.vllm.engine_args import (
@@ -80,7 +83,7 @@ def apply_to_engine_args(engine_args: Any) -> None:
     for name, value in randkv_engine_kwargs(config, current).items():
         setattr(engine_args, name, value)
     front_door.install()
-    if METRICS_ENV not in os.environ:
+    if serving and METRICS_ENV not in os.environ:
         _warn_once_about_metrics()
 
 
