@@ -87,7 +87,8 @@ class LLM(vllm.LLM):
         internal = self._randkv_ids.engine_id(request_id, sample)
         record = self.randkv_stats()["requests"].get(internal)
         if record is None:
-            raise KeyError(f"no RandKV record for request {request_id!r}")
+            hint = "" if sample is not None else " (a request with n > 1: pass sample=i)"
+            raise KeyError(f"no RandKV record for request {request_id!r}{hint}")
         return record
 
     def randkv_slot_positions(
