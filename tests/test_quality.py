@@ -344,3 +344,32 @@ def test_tiny_evaluation_runs_every_evictor(tmp_path, ckpt):
     seeds = {(run["evictor"], run["seed"]) for run in saved["per_problem"]}
     assert ("randkv", 1) in seeds and ("h2o", None) in seeds
     assert result["results"] == saved["results"]
+
+
+def test_pointer_holm_and_cycle_strata_from_a_stored_result():
+    from randkv.quality.pointer_strata import add_holm, by_cycle_length
+
+    result = {
+        "task": {"cycle_lengths": [1, 2, 3, 8]},
+        "results": [
+            {"evictor": "randkv", "budget": 40},
+            {"evictor": "h2o", "budget": 40, "vs_randkv": {"sign_test_p": 0.01}},
+            {"evictor": "tova", "budget": 40, "vs_randkv": {"sign_test_p": 0.04}},
+            {"evictor": "window", "budget": 40, "vs_randkv": {"sign_test_p": 0.03}},
+        ],
+        "per_problem": [
+            {"evictor": "randkv", "budget": 40, "seed": 0, "exact": [1, 0, 1, 1]},
+            {"evictor": "randkv", "budget": 40, "seed": 1, "exact": [1, 1, 0, 1]},
+            {"evictor": "h2o", "budget": 40, "seed": None, "exact": [0, 0, 1, 0]},
+        ],
+    }
+    assert add_holm(result) == 3
+    # Holm by hand: sorted p 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 0.04).
+    got = [row["vs_randkv"]["holm_p"] for row in result["results"][1:]]
+    assert got == pytest.approx([0.03, 0.06, 0.06])
+    rows = {(r["evictor"], tuple(r["cycles"])): r for r in by_cycle_length(result)}
+    assert rows[("randkv", (1, 2))]["accuracy"] == pytest.approx(0.75)  # (1 + 0.5) / 2
+    assert rows[("randkv", (3, 4))]["accuracy"] == pytest.approx(0.5)
+    assert rows[("randkv", (7, 10))]["problems"] == 1
+    assert ("randkv", (5, 6)) not in rows
+    assert rows[("h2o", (1, 2))]["accuracy"] == 0.0

@@ -18,7 +18,6 @@ from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 pytestmark = pytest.mark.engine
 
 
-
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"

@@ -88,9 +88,10 @@ def test_stock_server_runs_randkv_and_counts_the_specs_rounds(stock, client):
     expected = num_rounds(CONFIG, prompt_length=len(prompt_ids), tokens_seen=written - 1)
     assert expected >= 2
     assert after["randkv:rounds_total"] - before["randkv:rounds_total"] == expected
-    assert after["randkv:kv_entries_evicted_total"] - before[
-        "randkv:kv_entries_evicted_total"
-    ] == expected * CONFIG.buffer_size * 2 * 2  # 2 layers x 2 KV heads
+    assert (
+        after["randkv:kv_entries_evicted_total"] - before["randkv:kv_entries_evicted_total"]
+        == expected * CONFIG.buffer_size * 2 * 2
+    )  # 2 layers x 2 KV heads
 
 
 def test_stock_server_equals_randkv_serve(stock, client, tiny_model_path, tmp_path):

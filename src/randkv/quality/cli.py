@@ -54,23 +54,48 @@ def _train(args: argparse.Namespace) -> None:
     print(json.dumps({"checkpoint": out, **summary}, indent=2))
 
 
+def _eval_ledger(args: argparse.Namespace) -> None:
+    from randkv.quality.ledger_eval import LedgerEvalConfig, evaluate_ledger
+    from randkv.quality.ledger_report import ledger_markdown
+
+    if args.tally:
+        raise SystemExit("--tally is a pointer-chain variant; not with --task ledger")
+    defaults = LedgerEvalConfig()
+    config = LedgerEvalConfig(
+        budgets=args.budgets or defaults.budgets,
+        buffer=args.buffer or defaults.buffer,
+        seeds=args.seeds,
+        problems=args.problems or defaults.problems,
+        evictors=tuple(args.evictors.split(",")) if args.evictors else defaults.evictors,
+        batch_size=args.batch_size or defaults.batch_size,
+        threads=args.threads or defaults.threads,
+    )
+    result = evaluate_ledger(config, model_path=args.model, out_dir=args.results)
+    print(ledger_markdown(result))
+    print(f"results: {args.results}/ledger.{{json,png,md}}", file=sys.stderr)
+
+
 def _eval(args: argparse.Namespace) -> None:
+    if args.task == "ledger":
+        _eval_ledger(args)
+        return
     from randkv.quality.evaluate import EvalConfig, evaluate
     from randkv.quality.evictors import DENSE, EVICTORS
     from randkv.quality.report import markdown_tables
 
     evictors = tuple(args.evictors.split(",")) if args.evictors else (DENSE, *EVICTORS)
+    defaults = EvalConfig()
     config = EvalConfig(
-        budgets=args.budgets,
-        buffer=args.buffer,
+        budgets=args.budgets or defaults.budgets,
+        buffer=args.buffer or defaults.buffer,
         seeds=args.seeds,
-        problems=args.problems,
+        problems=args.problems or defaults.problems,
         num_keys=args.keys,
         hops=args.hops,
         tally=args.tally,
         evictors=evictors,
-        batch_size=args.batch_size,
-        threads=args.threads,
+        batch_size=args.batch_size or defaults.batch_size,
+        threads=args.threads or defaults.threads,
     )
     result = evaluate(config, model_path=args.model, out_dir=args.results)
     print(markdown_tables(result))
@@ -103,17 +128,28 @@ def add_quality_commands(commands: Any) -> None:
     )
     train.set_defaults(func=_train)
 
-    ev = quality.add_parser("eval", help="exact-match accuracy per evictor and budget")
+    ev = quality.add_parser("eval", help="accuracy per evictor and budget")
+    ev.add_argument(
+        "--task",
+        choices=("pointer", "ledger"),
+        default="pointer",
+        help="pointer chains (exact match) or the ledger (per-use accuracy, survival audit)",
+    )
     ev.add_argument("--model", default=None, help="checkpoint folder (default: the shipped one)")
-    ev.add_argument("--budgets", type=_ints, default=defaults.budgets, help="K values: 64,96")
-    ev.add_argument("--buffer", type=int, default=defaults.buffer, help="r")
+    ev.add_argument(
+        "--budgets",
+        type=_ints,
+        default=None,
+        help="K values (default 40,48,64,96; ledger 24,32,48,72)",
+    )
+    ev.add_argument("--buffer", type=int, default=None, help="r (default 8; ledger 4)")
     ev.add_argument("--seeds", type=_ints, default=defaults.seeds, help="eviction seeds: 0,1,2")
-    ev.add_argument("--problems", type=int, default=defaults.problems)
+    ev.add_argument("--problems", type=int, default=None, help="default 128")
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")
     ev.add_argument("--tally", action="store_true", help="tally chains instead of pointer chains")
     ev.add_argument("--evictors", default=None, help="comma-separated (default: all)")
-    ev.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    ev.add_argument("--threads", type=int, default=defaults.threads)
+    ev.add_argument("--batch-size", type=int, default=None, help="default 32; ledger 128")
+    ev.add_argument("--threads", type=int, default=None, help="default 2; ledger 1")
     ev.add_argument("--results", default="results/quality", help="folder for JSON and PNG")
     ev.set_defaults(func=_eval)

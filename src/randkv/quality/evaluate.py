@@ -27,14 +27,15 @@ from randkv.models.tiny import PAD_ID
 from randkv.quality.checker import check_answer
 from randkv.quality.evictors import ARMS, DENSE, EVICTORS, Arm
 from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
+from randkv.quality.pointer_strata import add_holm, by_cycle_length
 from randkv.quality.report import markdown_tables
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
 from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
 
 __all__ = ["SCHEMA_VERSION", "EvalConfig", "evaluate", "run_evictor"]
 
-#: Bump when the JSON layout changes.
-SCHEMA_VERSION = 1
+#: Bump when the JSON layout changes (2: Holm-adjusted p-values, accuracy by cycle length).
+SCHEMA_VERSION = 2
 
 #: Evaluation problems come from this task family (training uses other families).
 EVAL_FAMILY = 0
@@ -252,7 +253,7 @@ def _report(
     if train_record.is_file():
         record = json.loads(train_record.read_text())
         training = {k: v for k, v in record.items() if k != "history"}
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "task": {
             "name": "tally-chain" if config.tally else "pointer-chain",
@@ -286,6 +287,12 @@ def _report(
             for run in group
         ],
     }
+    family = add_holm(result, config.reference)
+    result["holm_family"] = (
+        f"every vs_{config.reference} comparison (each evictor x budget; {family} comparisons)"
+    )
+    result["by_cycle_length"] = by_cycle_length(result)
+    return result
 
 
 class _NoBar:

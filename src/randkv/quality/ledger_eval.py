@@ -1,0 +1,202 @@
+"""`randkv quality eval --task ledger`: per-use accuracy of every arm at matched budgets.
+
+Every arm decodes the same evaluation problems (family 0) through `randkv.hf.forced_decode`
+over a `RandKVCache` with the same (K, r) (`randkv.quality.ledger_run`); dense runs the same
+loop with a budget no round reaches, once; RandKV and its shared-draw ablation once per
+eviction seed; the other arms once per budget. Writes ledger.json, ledger.md and ledger.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from randkv.quality.evaluate import EVAL_FAMILY, _progress_bar
+from randkv.quality.ledger import LEDGER_VERSION, LedgerConfig, LedgerProblem, make_ledgers
+from randkv.quality.ledger_arms import LEDGER_ARMS, ledger_arm
+from randkv.quality.ledger_hypotheses import hypotheses
+from randkv.quality.ledger_run import LedgerRun, run_ledger_arm
+from randkv.quality.ledger_stats import (
+    STRATA,
+    age_bins,
+    paired_rows,
+    seed_spread,
+    stratum_masks,
+    summary,
+    survival,
+)
+from randkv.quality.model import load_model, shipped_checkpoint
+
+__all__ = ["LEDGER_SCHEMA_VERSION", "LedgerEvalConfig", "evaluate_ledger"]
+
+#: Bump when the JSON layout changes (the pointer-chain eval's schema is 1).
+LEDGER_SCHEMA_VERSION = 2
+
+#: Width (tokens) of the age bins of the accuracy-vs-age plot: one event.
+AGE_BIN = 16
+
+
+@dataclass(frozen=True)
+class LedgerEvalConfig:
+    """What `randkv quality eval --task ledger` runs."""
+
+    budgets: tuple[int, ...] = (24, 32, 48, 72)
+    buffer: int = 4
+    seeds: tuple[int, ...] = (0, 1, 2)
+    problems: int = 128
+    events: int = 80
+    variables: int = 20
+    evictors: tuple[str, ...] = tuple(LEDGER_ARMS)
+    batch_size: int = 128
+    threads: int = 1
+    reference: str = "randkv"
+
+    @property
+    def task(self) -> LedgerConfig:
+        return LedgerConfig(events=self.events, variables=self.variables, buffer=self.buffer)
+
+
+def _plan(config: LedgerEvalConfig) -> list[tuple[str, int, int]]:
+    plan = []
+    for name in config.evictors:
+        arm = ledger_arm(name)
+        budgets = (max(config.budgets),) if arm.dense else config.budgets
+        seeds = config.seeds if arm.random else config.seeds[:1]
+        plan.extend((name, budget, seed) for budget in budgets for seed in seeds)
+    return plan
+
+
+def evaluate_ledger(
+    config: LedgerEvalConfig,
+    *,
+    model_path: str | Path | None = None,
+    out_dir: str | Path = "results/quality",
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run every arm at every budget; write ledger.json, ledger.md and ledger.png."""
+    torch.set_num_threads(config.threads)
+    for name in config.evictors:
+        ledger_arm(name)
+    problems = make_ledgers(EVAL_FAMILY, config.problems, config.task)
+    model_folder = Path(model_path) if model_path is not None else shipped_checkpoint("ledger")
+    model = load_model(model_folder)
+    plan = _plan(config)
+    bar = _progress_bar(len(plan) * len(problems), show_progress)
+    start = time.perf_counter()
+    runs: dict[tuple[str, int | None], list[LedgerRun]] = {}
+    for name, budget, seed in plan:
+        bar.set_description(name if ledger_arm(name).dense else f"{name} K={budget}")
+        run = run_ledger_arm(
+            model,
+            problems,
+            name,
+            budget=budget,
+            buffer=config.buffer,
+            seed=seed,
+            batch_size=config.batch_size,
+            on_batch=bar.update,
+        )
+        runs.setdefault((name, run.budget), []).append(run)
+    bar.close()
+    seconds = time.perf_counter() - start
+    heads = model.config.num_hidden_layers * model.config.num_key_value_heads
+    result = _report(config, problems, runs, model_folder, seconds, heads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from randkv.quality.ledger_report import ledger_markdown
+
+    (out / "ledger.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "ledger.md").write_text(ledger_markdown(result))
+    try:
+        from randkv.quality.ledger_report import plot_ledger
+
+        plot_ledger(result, out / "ledger.png")
+        result["plot"] = str(out / "ledger.png")
+    except ImportError:  # matplotlib is in the bench extra
+        result["plot"] = None
+    return result
+
+
+def _report(
+    config: LedgerEvalConfig,
+    problems: list[LedgerProblem],
+    runs: dict[tuple[str, int | None], list[LedgerRun]],
+    model_folder: Path,
+    seconds: float,
+    heads: int,
+) -> dict[str, Any]:
+    masks = {b: stratum_masks(problems, b, config.buffer) for b in config.budgets}
+    dense_budget = max(config.budgets)
+    rows = []
+    for (name, budget), group in runs.items():
+        strata_of = masks[budget if budget is not None else dense_budget]
+        row: dict[str, Any] = {
+            "evictor": name,
+            "budget": budget,
+            "seeds": len(group),
+            "strata": {s: summary(group, strata_of[s]) for s in STRATA},
+            "survival": survival(group, heads),
+            "age_bins": age_bins(problems, group, AGE_BIN),
+        }
+        if len(group) > 1:
+            row["seed_spread"] = {s: seed_spread(group, strata_of[s]) for s in ("all", "beyond")}
+        row["structural_errors"] = sum(e is not None for run in group for e in run.errors)
+        rows.append(row)
+    paired = paired_rows(rows, runs, masks, config.reference)
+    record = model_folder / "quality_train.json"
+    training = None
+    if record.is_file():
+        training = {k: v for k, v in json.loads(record.read_text()).items() if k != "history"}
+    return {
+        "schema_version": LEDGER_SCHEMA_VERSION,
+        "task": {
+            "name": "ledger",
+            "version": LEDGER_VERSION,
+            "family": EVAL_FAMILY,
+            **asdict(config.task),
+            "prompt_tokens": config.task.prompt_tokens,
+            "body_tokens": config.task.body_tokens,
+            "uses": [[[u.age, u.copies, int(u.filler)] for u in p.uses] for p in problems],
+        },
+        "config": {
+            **asdict(config),
+            "budgets": list(config.budgets),
+            "seeds": list(config.seeds),
+            "evictors": list(config.evictors),
+        },
+        "model": {"path": str(model_folder), "training": training},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": config.threads,
+        },
+        "seconds": round(seconds, 1),
+        "holm_family": (
+            "every paired comparison against the reference in `paired`: each non-reference "
+            f"policy x budget x stratum ({len(paired)} comparisons)"
+        ),
+        "results": rows,
+        "paired": paired,
+        "hypotheses": hypotheses(rows, paired, config.budgets, config.buffer, config.reference),
+        "per_problem": [
+            {
+                "evictor": run.evictor,
+                "budget": run.budget,
+                "seed": run.seed,
+                "correct": ["".join("1" if c else "0" for c in row) for row in run.correct],
+                "value_held": run.value_held,
+                "define_held": run.define_held,
+            }
+            for group in runs.values()
+            for run in group
+        ],
+    }
