@@ -10,8 +10,6 @@ ablation once per seed.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +26,7 @@ from randkv.quality.checker import check_answer
 from randkv.quality.evictors import ARMS, DENSE, EVICTORS, Arm
 from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
 from randkv.quality.pointer_strata import add_holm, by_cycle_length
+from randkv.quality.provenance import machine_record, model_record
 from randkv.quality.report import markdown_tables
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
 from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
@@ -248,11 +247,6 @@ def _report(
             )
         rows.append(row)
     model_folder = Path(model_path) if model_path is not None else shipped_checkpoint()
-    train_record = model_folder / "quality_train.json"
-    training = None
-    if train_record.is_file():
-        record = json.loads(train_record.read_text())
-        training = {k: v for k, v in record.items() if k != "history"}
     result = {
         "schema_version": SCHEMA_VERSION,
         "task": {
@@ -265,14 +259,8 @@ def _report(
             "cycle_lengths": [p.cycle_length for p in problems],
         },
         "config": {**asdict(config), "budgets": list(config.budgets), "seeds": list(config.seeds)},
-        "model": {"path": str(model_folder), "training": training},
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": config.threads,
-        },
+        "model": model_record(model_folder),
+        "machine": machine_record(config.threads),
         "seconds": round(seconds, 1),
         "results": rows,
         "per_problem": [

@@ -9,8 +9,6 @@ eviction seed; the other arms once per budget. Writes ledger.json, ledger.md and
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from randkv.quality.ledger_stats import (
     survival,
 )
 from randkv.quality.model import load_model, shipped_checkpoint
+from randkv.quality.provenance import machine_record, model_record
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "LedgerEvalConfig", "evaluate_ledger"]
 
@@ -150,10 +149,6 @@ def _report(
         row["structural_errors"] = sum(e is not None for run in group for e in run.errors)
         rows.append(row)
     paired = paired_rows(rows, runs, masks, config.reference)
-    record = model_folder / "quality_train.json"
-    training = None
-    if record.is_file():
-        training = {k: v for k, v in json.loads(record.read_text()).items() if k != "history"}
     return {
         "schema_version": LEDGER_SCHEMA_VERSION,
         "task": {
@@ -171,14 +166,8 @@ def _report(
             "seeds": list(config.seeds),
             "evictors": list(config.evictors),
         },
-        "model": {"path": str(model_folder), "training": training},
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": config.threads,
-        },
+        "model": model_record(model_folder),
+        "machine": machine_record(config.threads),
         "seconds": round(seconds, 1),
         "holm_family": (
             "every paired comparison against the reference in `paired`: each non-reference "
