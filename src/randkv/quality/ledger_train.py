@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ import torch
 
 from randkv.models.tiny import PAD_ID
 from randkv.quality.ledger import LEDGER_VERSION, LedgerConfig, make_ledger
-from randkv.quality.model import MODEL_PARAMS, encode
-from randkv.quality.train import TRAIN_FAMILY, fit
+from randkv.quality.model import encode
+from randkv.quality.train import TRAIN_FAMILY, fit, training_record
 
 __all__ = ["LedgerTrainConfig", "ledger_batch", "train_ledger"]
 
@@ -96,19 +96,7 @@ def train_ledger(
     config = config or LedgerTrainConfig()
 
     def record(history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-        return {
-            "task": "ledger",
-            "train_config": asdict(config),
-            "task_version": LEDGER_VERSION,
-            "model_params": MODEL_PARAMS,
-            "train_seconds": round(seconds, 1),
-            "torch_version": torch.__version__,
-            "threads": config.threads,
-            "final_loss": history[-1]["loss"],
-            "final_token_accuracy": history[-1]["acc"],
-            "steps_done": len(history),
-            "history": history[:: max(1, len(history) // 100)],
-        }
+        return {"task": "ledger", **training_record(config, LEDGER_VERSION, history, seconds)}
 
     return fit(
         out_dir,

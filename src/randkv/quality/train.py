@@ -110,7 +110,7 @@ def train(
     config = config or TrainConfig()
 
     def record(history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-        return _record(config, history, seconds)
+        return training_record(config, TASK_VERSION, history, seconds)
 
     return fit(
         out_dir,
@@ -178,10 +178,13 @@ def fit(
     return final
 
 
-def _record(config: TrainConfig, history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+def training_record(
+    config: Any, task_version: int, history: list[dict[str, Any]], seconds: float
+) -> dict[str, Any]:
+    """The JSON a checkpoint ships with: settings, time, final loss, a thinned loss history."""
     return {
         "train_config": asdict(config),
-        "task_version": TASK_VERSION,
+        "task_version": task_version,
         "model_params": MODEL_PARAMS,
         "train_seconds": round(seconds, 1),
         "torch_version": torch.__version__,
