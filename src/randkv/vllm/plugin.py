@@ -48,7 +48,7 @@ def _with_randkv(create: Any) -> Any:
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _randkv_options(self) is not None:
             usage = kwargs.get("usage_context", args[0] if args else None)
-            # The offline LLM class has no /metrics endpoint to warn about.
+            # The offline LLM class has no HTTP front door and no /metrics endpoint.
             apply_to_engine_args(self, serving=getattr(usage, "name", None) != "LLM_CLASS")
         return create(self, *args, **kwargs)
 
@@ -64,7 +64,8 @@ def _randkv_options(engine_args: Any) -> Any:
 def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
     """Validate RandKV's options in `engine_args.additional_config` and fill in what RandKV
     needs (raises UnsupportedModeError / ValueError naming what to change). `serving`: the
-    engine will back an HTTP server (warn once if its metrics cannot reach /metrics)."""
+    engine will back an HTTP server (install the front door; warn once if RandKV's series
+    cannot reach /metrics)."""
     from randkv.config import RandKVConfig
     from randkv.vllm import front_door
     from randkv.vllm.engine_args import (
@@ -82,9 +83,10 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
         current["async_scheduling"] = None
     for name, value in randkv_engine_kwargs(config, current).items():
         setattr(engine_args, name, value)
-    front_door.install()
-    if serving and METRICS_ENV not in os.environ:
-        _warn_once_about_metrics()
+    if serving:  # the HTTP checks and the /metrics advice concern servers only
+        front_door.install()
+        if METRICS_ENV not in os.environ:
+            _warn_once_about_metrics()
 
 
 @functools.cache
