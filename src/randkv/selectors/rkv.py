@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from randkv.selectors.base import PromptChoice, ScoredSelector
+from randkv.selectors.pooling import check_odd_kernel, pool_by_position, window_queries
 from randkv.selectors.view import AttentionStep, RoundView
 
 __all__ = ["RKV"]
@@ -41,12 +42,11 @@ class RKV(PromptChoice, ScoredSelector):
     resets_after_round = True
 
     def __post_init__(self) -> None:
-        if self.kernel % 2 == 0:
-            raise ValueError("the pooling kernel must be odd")
+        check_odd_kernel(self.kernel)
 
     def observe(self, step: AttentionStep, statistic: torch.Tensor) -> None:
-        window = step.query_slots >= step.config.compacted_length
-        if bool(window.any()):
+        window = window_queries(step)
+        if window is not None:
             heads = step.weights.shape[1] // step.num_kv_heads
             votes = step.received(window) / (heads * window.sum(1).clamp(min=1)[:, None, None])
             statistic[..., : votes.shape[-1]] += votes
@@ -54,17 +54,12 @@ class RKV(PromptChoice, ScoredSelector):
     def score(self, view: RoundView) -> torch.Tensor:
         limit = view.config.compacted_length
         positions = view.need("positions")[..., :limit]
-        importance = self._pooled(view.need("attention")[..., :limit], positions)
+        importance = pool_by_position(
+            view.need("attention")[..., :limit], positions, self.kernel,
+            torch.nn.functional.max_pool1d,
+        )  # fmt: skip
         redundancy = self._redundancy(view.need("keys")[..., :limit, :], positions)
         return self.lam * importance - (1 - self.lam) * redundancy
-
-    def _pooled(self, votes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        order = positions.argsort(dim=-1)  # slot order is arbitrary after hole-filling
-        flat = votes.gather(-1, order).reshape(-1, 1, votes.shape[-1])
-        pooled = torch.nn.functional.max_pool1d(
-            flat, self.kernel, stride=1, padding=self.kernel // 2
-        ).reshape(votes.shape)
-        return torch.empty_like(votes).scatter_(-1, order, pooled)
 
     def _redundancy(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         unit = keys / keys.norm(dim=-1, keepdim=True).clamp(min=1e-8)

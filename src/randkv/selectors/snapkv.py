@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from randkv.selectors.base import PromptChoice, ScoredSelector
+from randkv.selectors.pooling import check_odd_kernel, pool_by_position, window_queries
 from randkv.selectors.view import AttentionStep, RoundView
 
 __all__ = ["SnapKV"]
@@ -32,22 +33,16 @@ class SnapKV(PromptChoice, ScoredSelector):
     resets_after_round = True  # the next round's votes come from the next r tokens
 
     def __post_init__(self) -> None:
-        if self.kernel % 2 == 0:
-            raise ValueError("the pooling kernel must be odd")
+        check_odd_kernel(self.kernel)
 
     def observe(self, step: AttentionStep, statistic: torch.Tensor) -> None:
-        # Only queries in the buffer slots vote: the window of the next round.
-        window = step.query_slots >= step.config.compacted_length
-        if bool(window.any()):
+        window = window_queries(step)  # only the next round's observation window votes
+        if window is not None:
             votes = step.received(window)
             statistic[..., : votes.shape[-1]] += votes
 
     def score(self, view: RoundView) -> torch.Tensor:
-        votes = view.need("attention")
-        # Pool in position order: slot order is arbitrary after hole-filling rounds.
-        order = view.need("positions").argsort(dim=-1)
-        in_order = votes.gather(-1, order)
-        flat = in_order.reshape(-1, 1, in_order.shape[-1])
-        pad = self.kernel // 2
-        pooled = torch.nn.functional.avg_pool1d(flat, self.kernel, stride=1, padding=pad)
-        return torch.empty_like(votes).scatter_(-1, order, pooled.reshape(in_order.shape))
+        return pool_by_position(
+            view.need("attention"), view.need("positions"), self.kernel,
+            torch.nn.functional.avg_pool1d,
+        )  # fmt: skip
