@@ -10,7 +10,6 @@ ablation once per seed.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
 from randkv.quality.pointer_strata import add_holm, by_cycle_length
 from randkv.quality.provenance import machine_record, model_record
 from randkv.quality.report import markdown_tables
+from randkv.quality.schedule import make_runs, plan_runs
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
 from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
 
@@ -135,17 +135,6 @@ def _arm(name: str) -> Arm:
         raise ValueError(f"unknown evictor {name!r}; choose from {list(ARMS)}") from None
 
 
-def _plan(config: EvalConfig) -> list[tuple[str, int, int]]:
-    """(evictor, budget, seed) of every run; dense once, deterministic evictors once a budget."""
-    plan = []
-    for name in config.evictors:
-        arm = _arm(name)
-        budgets = (max(config.budgets),) if arm.dense else config.budgets
-        seeds = config.seeds if arm.random else config.seeds[:1]
-        plan.extend((name, budget, seed) for budget in budgets for seed in seeds)
-    return plan
-
-
 def _per_problem(runs: list[Run], attribute: str) -> list[float]:
     """Mean over seeds of each problem's score."""
     table = [getattr(run, attribute) for run in runs]
@@ -194,25 +183,18 @@ def evaluate(
             "every evictor here keeps K >= P tokens"
         )
     model = load_model(model_path)
-    plan = _plan(config)
-    bar = _progress_bar(len(plan) * len(problems), show_progress)
-    start = time.perf_counter()
-    runs: dict[tuple[str, int | None], list[Run]] = {}
-    for name, budget, seed in plan:
-        bar.set_description(name if ARMS[name].dense else f"{name} K={budget}")
-        run = run_evictor(
-            model,
-            problems,
-            name,
-            budget=budget,
-            buffer=config.buffer,
-            seed=seed,
-            batch_size=config.batch_size,
-            on_batch=bar.update,
-        )
-        runs.setdefault((name, run.budget), []).append(run)
-    bar.close()
-    seconds = time.perf_counter() - start
+    plan = plan_runs(config.evictors, config.budgets, config.seeds, _arm)
+
+    def run_one(name: str, budget: int, seed: int, on_batch: Callable[[int], None]) -> Run:
+        return run_evictor(
+            model, problems, name, budget=budget, buffer=config.buffer, seed=seed,
+            batch_size=config.batch_size, on_batch=on_batch,
+        )  # fmt: skip
+
+    runs, seconds = make_runs(
+        plan, _arm, run_one, lambda run: (run.evictor, run.budget),
+        len(plan) * len(problems), show_progress,
+    )  # fmt: skip
     result = _report(config, problems, runs, model_path, seconds, prompt_tokens)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -281,21 +263,3 @@ def _report(
     )
     result["by_cycle_length"] = by_cycle_length(result)
     return result
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None: ...
-
-    def set_description(self, text: str) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _progress_bar(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, unit="answer", dynamic_ncols=True)

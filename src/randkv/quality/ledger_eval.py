@@ -9,14 +9,14 @@ eviction seed; the other arms once per budget. Writes ledger.json, ledger.md and
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from randkv.quality.evaluate import EVAL_FAMILY, _progress_bar
+from randkv.quality.evaluate import EVAL_FAMILY
 from randkv.quality.ledger import LEDGER_VERSION, LedgerConfig, LedgerProblem, make_ledgers
 from randkv.quality.ledger_arms import LEDGER_ARMS, ledger_arm
 from randkv.quality.ledger_hypotheses import hypotheses
@@ -32,6 +32,7 @@ from randkv.quality.ledger_stats import (
 )
 from randkv.quality.model import load_model, shipped_checkpoint
 from randkv.quality.provenance import machine_record, model_record
+from randkv.quality.schedule import make_runs, plan_runs
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "LedgerEvalConfig", "evaluate_ledger"]
 
@@ -62,16 +63,6 @@ class LedgerEvalConfig:
         return LedgerConfig(events=self.events, variables=self.variables, buffer=self.buffer)
 
 
-def _plan(config: LedgerEvalConfig) -> list[tuple[str, int, int]]:
-    plan = []
-    for name in config.evictors:
-        arm = ledger_arm(name)
-        budgets = (max(config.budgets),) if arm.dense else config.budgets
-        seeds = config.seeds if arm.random else config.seeds[:1]
-        plan.extend((name, budget, seed) for budget in budgets for seed in seeds)
-    return plan
-
-
 def evaluate_ledger(
     config: LedgerEvalConfig,
     *,
@@ -86,25 +77,18 @@ def evaluate_ledger(
     problems = make_ledgers(EVAL_FAMILY, config.problems, config.task)
     model_folder = Path(model_path) if model_path is not None else shipped_checkpoint("ledger")
     model = load_model(model_folder)
-    plan = _plan(config)
-    bar = _progress_bar(len(plan) * len(problems), show_progress)
-    start = time.perf_counter()
-    runs: dict[tuple[str, int | None], list[LedgerRun]] = {}
-    for name, budget, seed in plan:
-        bar.set_description(name if ledger_arm(name).dense else f"{name} K={budget}")
-        run = run_ledger_arm(
-            model,
-            problems,
-            name,
-            budget=budget,
-            buffer=config.buffer,
-            seed=seed,
-            batch_size=config.batch_size,
-            on_batch=bar.update,
-        )
-        runs.setdefault((name, run.budget), []).append(run)
-    bar.close()
-    seconds = time.perf_counter() - start
+    plan = plan_runs(config.evictors, config.budgets, config.seeds, ledger_arm)
+
+    def run_one(name: str, budget: int, seed: int, on_batch: Callable[[int], None]) -> LedgerRun:
+        return run_ledger_arm(
+            model, problems, name, budget=budget, buffer=config.buffer, seed=seed,
+            batch_size=config.batch_size, on_batch=on_batch,
+        )  # fmt: skip
+
+    runs, seconds = make_runs(
+        plan, ledger_arm, run_one, lambda run: (run.evictor, run.budget),
+        len(plan) * len(problems), show_progress,
+    )  # fmt: skip
     heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     result = _report(config, problems, runs, model_folder, seconds, heads)
     out = Path(out_dir)
