@@ -53,6 +53,7 @@ def test_the_wheel_ships_the_checkpoint_and_the_plugin(wheel):
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         text = archive.read(entry_points).decode()
     assert "randkv/quality/checkpoint/model.safetensors" in names
+    assert "randkv/quality/checkpoint_ledger/model.safetensors" in names
     assert "randkv/vllm/plugin.py" in names
     assert "[vllm.general_plugins]" in text and "randkv.vllm.plugin:register" in text
 
