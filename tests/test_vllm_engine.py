@@ -232,3 +232,23 @@ def test_engine_equals_reference_decode_outside_vllm(engines, tiny_model_path):
         ]
         reference = forced.token_logprobs.tolist()
         assert max(abs(a - b) for a, b in zip(engine_logprobs, reference, strict=True)) < 1e-4
+
+
+def test_stats_report_returned_requests_as_finished(engines):
+    """The worker hears of a finished request only in the next step; the stats read after
+    `chat` returns must already say finished, and a request still running must not."""
+    _, llm = engines
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    output = llm.chat([{"role": "user", "content": PROMPTS[0]}], params)[0]
+    assert output.finished
+    assert llm.randkv_request_stats(output.request_id)["finished"] is True
+    engine = llm.llm_engine
+    engine.add_request("still-running", PROMPTS[1], params)
+    for _ in range(3):
+        engine.step()
+    running = llm.randkv_request_stats("still-running")
+    assert running["finished"] is False and running["tokens_seen"] > 0
+    engine.abort_request(["still-running"])
+    assert llm.randkv_request_stats("still-running")["finished"] is True
+    engine.step()  # the abort reaches the scheduler and the worker
+    assert not engine.has_unfinished_requests()

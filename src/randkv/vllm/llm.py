@@ -50,7 +50,9 @@ class LLM(vllm.LLM):
         - `counters["bytes_moved"]` and `seconds`: physical work summed over ranks
           (replicas included), so seconds are worker-seconds, not wall time.
         - `scheduler` and `requests` come from rank 0 (the scheduler's counters, and
-          per-request records every rank keeps identically).
+          per-request records every rank keeps identically). A request this LLM no longer
+          tracks (returned or aborted) is `finished`, although the workers hear of it only
+          with the next step.
         - `ranks` is the number of workers, `per_rank` their own counters, seconds, and
           the global `layers` and `kv_heads` each holds.
 
@@ -64,11 +66,17 @@ class LLM(vllm.LLM):
         counters = merge_ranks(per_rank, "counters")
         seconds = merge_ranks(per_rank, "seconds")
         first = per_rank[0]
+        # Read after the workers answered: a request the front end no longer tracks has ended.
+        live = self.llm_engine.output_processor.request_states
+        requests = {
+            req_id: {**record, "finished": record["finished"] or req_id not in live}
+            for req_id, record in first["requests"].items()
+        }
         return {
             "counters": counters,
             "seconds": seconds,
             "scheduler": first["scheduler"],
-            "requests": first["requests"],
+            "requests": requests,
             "ranks": len(per_rank),
             "per_rank": [
                 {
