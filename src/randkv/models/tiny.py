@@ -16,11 +16,11 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from randkv.models.cache import default_cache_dir, write_folder_atomically
 
 __all__ = [
     "BUILD_VERSION",
@@ -84,16 +84,6 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 
 
-def default_cache_dir() -> Path:
-    """Return the cache root: ``$RANDKV_CACHE``, else ``$XDG_CACHE_HOME/randkv`` or ``~/.cache``."""
-    env = os.environ.get("RANDKV_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "randkv"
-
-
 def tiny_checkpoint_params(**overrides: Any) -> dict[str, Any]:
     """Return the full, normalised parameter dict (defaults updated with ``overrides``)."""
     unknown = set(overrides) - set(DEFAULT_PARAMS)
@@ -152,28 +142,12 @@ def build_tiny_checkpoint(
     """
     full = tiny_checkpoint_params(seed=seed, num_layers=num_layers, **params)
     target = Path(path) if path is not None else tiny_checkpoint_path(**full)
-    target = target.expanduser().absolute()
-    if _is_complete(target, full):
-        return target
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        if _is_complete(target, full):  # another process finished meanwhile
-            return target
-        raise FileExistsError(f"{target} exists and is not a tiny checkpoint with these params")
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the checkpoint is a shared cache entry
-        _write_checkpoint(tmp, full)
-        try:
-            os.replace(tmp, target)  # atomic; also replaces an empty directory
-        except OSError:
-            if not _is_complete(target, full):  # lost a race to a different build
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return write_folder_atomically(
+        target,
+        lambda folder: _write_checkpoint(folder, full),
+        lambda folder: _is_complete(folder, full),
+        occupied_message=f"{target} exists and is not a tiny checkpoint with these params",
+    )
 
 
 def _write_json(path: Path, obj: Any) -> None:
