@@ -26,8 +26,8 @@ from transformers.generation.logits_process import (
 from randkv import spec
 from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache, prompt_rows
+from randkv.hf.hooks import attention_hooks
 from randkv.hf.support import check_supported
-from randkv.selectors import attention_hooks
 
 __all__ = [
     "TeacherForced",
@@ -197,7 +197,7 @@ def generate(
     `cache` may be a fresh `RandKVCache` built for this batch (e.g. `RandKVCache.from_inputs`,
     to inspect retained positions or eviction timings afterwards, or with another
     `selector`); randkv is then ignored. A selector that reads attention gets it through
-    `randkv.selectors.attention_hooks` (the model must use eager attention).
+    `randkv.hf.attention_hooks` (the model must use eager attention).
     """
     if cache is None and (randkv is None or randkv is False):
         if request_keys is not None:
