@@ -9,14 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from randkv.quality.ledger import (
+from randkv.quality.ledger.checker import check_ledger
+from randkv.quality.ledger.task import (
     PROMPT,
     LedgerConfig,
     age_band,
     make_ledger,
     make_ledgers,
 )
-from randkv.quality.ledger_checker import check_ledger
 from randkv.quality.model import decode, encode
 
 SMALL = LedgerConfig(events=14, variables=4, budget=24, buffer=4, far_max=8)
@@ -161,7 +161,7 @@ def test_cluster_bootstrap_covers_the_ratio_and_widens_with_clustering():
 
 
 def test_training_batches_take_loss_only_on_use_values():
-    from randkv.quality.ledger_train import LedgerTrainConfig, ledger_batch
+    from randkv.quality.ledger.train import LedgerTrainConfig, ledger_batch
     from randkv.quality.model import decode
 
     config = LedgerTrainConfig(tokens_per_batch=600)

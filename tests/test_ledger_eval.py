@@ -10,8 +10,8 @@ import json
 import pytest
 
 from randkv import RandKVConfig, spec
-from randkv.quality.ledger import make_ledgers
-from randkv.quality.ledger_eval import EVAL_FAMILY, LedgerEvalConfig, evaluate_ledger
+from randkv.quality.ledger.evaluate import EVAL_FAMILY, LedgerEvalConfig, evaluate_ledger
+from randkv.quality.ledger.task import make_ledgers
 from randkv.quality.stats import holm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

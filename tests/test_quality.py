@@ -20,18 +20,20 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import randkv.hf as rh
 from randkv import RandKVConfig, spec
 from randkv.models.tiny import PAD_ID
-from randkv.quality import evaluate as quality_eval
-from randkv.quality.checker import check_answer, parse_prompt
-from randkv.quality.evictors import DENSE, EVICTORS, attention_hooks, make_evictor
+from randkv.quality.arms import DENSE
+from randkv.quality.pointer import evaluate as quality_eval
+from randkv.quality.pointer.checker import check_answer, parse_prompt
+from randkv.quality.pointer.evaluate import COMPARED
+from randkv.quality.pointer.task import TaskConfig, make_problem, make_problems
 from randkv.quality.stats import paired_comparison, sign_test, wilson_interval
-from randkv.quality.task import TaskConfig, make_problem, make_problems
 from randkv.selectors import H2O, TOVA, AttentionStep, RoundView, Selector, SnapKV
+from randkv.selectors.registry import make_selector
 
 left_pad = partial(rh.left_pad, pad_id=PAD_ID)
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=3)
 PROMPTS = [list(b"RandKV quality"), list(b"hi"), list(b"the quick brown fox")]
 NEW_TOKENS = 60  # 8 to 10 rounds per row
-SELECTORS = [name for name in EVICTORS if name != "randkv"]
+SELECTORS = [name for name in COMPARED if name != "randkv"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -176,9 +178,9 @@ def test_selector_path_reproduces_randkv_exactly(eager):
 
 def _generate_with(eager, name: str):
     ids, mask = left_pad(PROMPTS)
-    evictor = make_evictor(name)
+    evictor = make_selector(name)
     cache = rh.RandKVCache.from_inputs(eager, ids, mask, randkv=CONFIG, selector=evictor)
-    with attention_hooks(eager, cache, evictor):
+    with rh.attention_hooks(eager, cache, evictor):
         out = rh.generate(eager, ids, mask, randkv=None, cache=cache, max_new_tokens=NEW_TOKENS)
     return ids, out, cache
 
@@ -198,7 +200,7 @@ def test_evictors_keep_exactly_their_budget(eager, name):
     """After the run, every (row, layer, head) holds exactly K + r - 1 + 1 distinct tokens per
     the cadence, whose layer-0 keys are the dense keys of the positions it claims to hold."""
     ids, out, cache = _generate_with(eager, name)
-    evictor = make_evictor(name)
+    evictor = make_selector(name)
     k, r = CONFIG.budget, CONFIG.buffer_size
     for row, prompt in enumerate(PROMPTS):
         sequence = prompt + out[row, ids.shape[1] :].tolist()
@@ -334,7 +336,7 @@ def test_tiny_evaluation_runs_every_evictor(tmp_path, ckpt):
     assert "| randkv |" in table and "| h2o |" in table and "K = 40" in table
     names = {(row["evictor"], row["budget"]) for row in saved["results"]}
     assert (DENSE, None) in names
-    for name in EVICTORS:
+    for name in COMPARED:
         for budget in (28, 40):
             assert (name, budget) in names
     for row in saved["results"]:
@@ -347,7 +349,7 @@ def test_tiny_evaluation_runs_every_evictor(tmp_path, ckpt):
 
 
 def test_pointer_holm_and_cycle_strata_from_a_stored_result():
-    from randkv.quality.pointer_strata import add_holm, by_cycle_length
+    from randkv.quality.pointer.strata import add_holm, by_cycle_length
 
     result = {
         "task": {"cycle_lengths": [1, 2, 3, 8]},

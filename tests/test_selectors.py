@@ -1,5 +1,5 @@
 """The selector interface: the worked examples of docs/selectors.md run through RandKVCache,
-the registry's names, and what the cache records for which policy."""
+the registry's names, the studies' arms, and what the cache records for which policy."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from transformers import AutoModelForCausalLM
 import randkv.hf as rh
 from randkv import RandKVConfig
 from randkv.models.tiny import PAD_ID
-from randkv.quality.evictors import ARMS, DENSE, EVICTORS, make_evictor
+from randkv.quality.arms import DENSE, arm_names, find_arm
+from randkv.quality.ledger.arms import COMPARED as LEDGER_COMPARED
+from randkv.quality.ledger.arms import SCORED, ledger_arm
+from randkv.quality.ledger.evaluate import LedgerEvalConfig
+from randkv.quality.pointer.evaluate import COMPARED as POINTER_COMPARED
+from randkv.quality.pointer.evaluate import EvalConfig
 from randkv.selectors import H2O, RandKV, Selector
+from randkv.selectors.registry import POLICIES, make_selector, policy_names
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "selectors.md"
 left_pad = partial(rh.left_pad, pad_id=PAD_ID)
@@ -90,14 +96,43 @@ def test_default_selector_is_randkv_and_records_no_attention(eager):
 
 
 def test_registry_names_are_the_selectors_names():
-    assert list(ARMS) == [DENSE, *EVICTORS]
-    for name in EVICTORS:
-        assert make_evictor(name).name == name
-        assert make_evictor(name) is not make_evictor(name)
+    names = policy_names()
+    assert len(set(names)) == len(names) == len(POLICIES)
+    for name, policy in zip(names, POLICIES, strict=True):
+        assert policy.name == name
+        assert make_selector(name) == policy  # the registered parameters
+        assert make_selector(name) is not make_selector(name)  # a fresh copy each time
     assert H2O(protect_prompt=False).name == "h2o-noprompt"
-    assert ARMS[DENSE].dense and not ARMS[DENSE].random and ARMS["randkv"].random
-    with pytest.raises(ValueError, match="unknown evictor"):
-        make_evictor("nope")
+    with pytest.raises(ValueError, match=r"unknown policy 'nope'; choose from \['randkv', "):
+        make_selector("nope")
+
+
+def test_studies_compare_registered_policies_behind_dense():
+    assert EvalConfig().evictors == (DENSE, *POINTER_COMPARED)
+    assert LedgerEvalConfig().evictors == (DENSE, *LEDGER_COMPARED)
+    assert {*POINTER_COMPARED, *LEDGER_COMPARED} <= set(policy_names())
+    assert set(SCORED) <= set(LEDGER_COMPARED)
+    assert arm_names() == (DENSE, *policy_names())
+    assert find_arm(DENSE).dense and not find_arm(DENSE).random and find_arm("randkv").random
+    assert not find_arm("h2o").random
+    with pytest.raises(ValueError, match="unknown evictor 'nope'; choose from"):
+        find_arm("nope")
+    # The pointer chain cannot tell an oracle its problems' future; the ledger can.
+    with pytest.raises(ValueError, match="future uses"):
+        find_arm("oracle")
+    assert ledger_arm("oracle").knows_future and not ledger_arm("rkv").knows_future
+
+
+def test_attention_hooks_old_path_warns_and_is_the_hf_function():
+    import randkv.selectors
+
+    with pytest.warns(DeprecationWarning, match="randkv.hf.attention_hooks"):
+        old = randkv.selectors.attention_hooks
+    assert old is rh.attention_hooks
+    with pytest.warns(DeprecationWarning):
+        from randkv.selectors import attention_hooks  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        randkv.selectors.nope  # noqa: B018
 
 
 def test_cache_checks_what_a_selector_declares(eager, tiny_model_path):

@@ -54,6 +54,8 @@ def test_the_wheel_ships_the_checkpoint_and_the_plugin(wheel):
         text = archive.read(entry_points).decode()
     assert "randkv/quality/checkpoint/model.safetensors" in names
     assert "randkv/quality/checkpoint_ledger/model.safetensors" in names
+    for task in ("pointer", "ledger"):  # the task folders are packages of their own
+        assert f"randkv/quality/{task}/__init__.py" in names
     assert "randkv/vllm/plugin.py" in names
     assert "[vllm.general_plugins]" in text and "randkv.vllm.plugin:register" in text
 

@@ -236,7 +236,7 @@ class RandKVCache(Cache):
         self.request_keys = keys
         self.track_positions = track_positions
         self.selector = selector
-        self.observing = False  # attention hooks are installed (randkv.selectors.attention_hooks)
+        self.observing = False  # attention hooks are installed (randkv.hf.attention_hooks)
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
         self._compactor = PagedCompactor(

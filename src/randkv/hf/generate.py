@@ -26,8 +26,8 @@ from transformers.generation.logits_process import (
 from randkv import spec
 from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache, prompt_rows
+from randkv.hf.hooks import attention_hooks
 from randkv.hf.support import check_supported
-from randkv.selectors import attention_hooks
 
 __all__ = [
     "TeacherForced",
@@ -64,14 +64,14 @@ class TeacherForced(NamedTuple):
     token_logprobs: torch.Tensor  # (steps,): log-prob of each forced token
 
 
-def _model_kwargs(model: Any) -> tuple[str, bool]:
+def forward_kwargs(model: Any) -> tuple[str, bool]:
     """The forward's cache keyword (5.x renamed past_key_values) and logits_to_keep support."""
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
     return cache_kw, "logits_to_keep" in params
 
 
-def _attention_mask(model: Any, allowed: torch.Tensor) -> torch.Tensor:
+def attention_mask_for(model: Any, allowed: torch.Tensor) -> torch.Tensor:
     """The 4D mask in the form the model's attention implementation takes."""
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl == "sdpa":
@@ -94,7 +94,7 @@ class _Session:
         self.model = model
         self.cache = cache
         self.device = model.device
-        self.cache_kw, self.keep = _model_kwargs(model)
+        self.cache_kw, self.keep = forward_kwargs(model)
         self.columns = 0
 
     def forward(self, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ class _Session:
             kwargs["logits_to_keep"] = 1
         if isinstance(self.cache, RandKVCache):
             allowed, positions = self.cache.begin_step(real)
-            kwargs["attention_mask"] = _attention_mask(self.model, allowed.to(self.device))
+            kwargs["attention_mask"] = attention_mask_for(self.model, allowed.to(self.device))
             kwargs["position_ids"] = positions.to(self.device)
         else:  # dense batch-1 reference: plain causal attention
             q = ids.shape[1]
@@ -197,7 +197,7 @@ def generate(
     `cache` may be a fresh `RandKVCache` built for this batch (e.g. `RandKVCache.from_inputs`,
     to inspect retained positions or eviction timings afterwards, or with another
     `selector`); randkv is then ignored. A selector that reads attention gets it through
-    `randkv.selectors.attention_hooks` (the model must use eager attention).
+    `randkv.hf.attention_hooks` (the model must use eager attention).
     """
     if cache is None and (randkv is None or randkv is False):
         if request_keys is not None:

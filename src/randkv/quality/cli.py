@@ -20,9 +20,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from randkv.quality.ledger_train import LedgerTrainConfig, train_ledger
+    from randkv.quality.ledger.train import LedgerTrainConfig, train_ledger
     from randkv.quality.model import shipped_checkpoint
-    from randkv.quality.train import TrainConfig, train
+    from randkv.quality.pointer.train import TrainConfig, train
 
     config: Any
     if args.task == "ledger":
@@ -55,8 +55,8 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval_ledger(args: argparse.Namespace) -> None:
-    from randkv.quality.ledger_eval import LedgerEvalConfig, evaluate_ledger
-    from randkv.quality.ledger_report import ledger_markdown
+    from randkv.quality.ledger.evaluate import LedgerEvalConfig, evaluate_ledger
+    from randkv.quality.ledger.report import ledger_markdown
 
     if args.tally:
         raise SystemExit("--tally is a pointer-chain variant; not with --task ledger")
@@ -79,11 +79,9 @@ def _eval(args: argparse.Namespace) -> None:
     if args.task == "ledger":
         _eval_ledger(args)
         return
-    from randkv.quality.evaluate import EvalConfig, evaluate
-    from randkv.quality.evictors import DENSE, EVICTORS
-    from randkv.quality.report import markdown_tables
+    from randkv.quality.pointer.evaluate import EvalConfig, evaluate
+    from randkv.quality.pointer.report import pointer_markdown
 
-    evictors = tuple(args.evictors.split(",")) if args.evictors else (DENSE, *EVICTORS)
     defaults = EvalConfig()
     config = EvalConfig(
         budgets=args.budgets or defaults.budgets,
@@ -93,19 +91,20 @@ def _eval(args: argparse.Namespace) -> None:
         num_keys=args.keys,
         hops=args.hops,
         tally=args.tally,
-        evictors=evictors,
+        evictors=tuple(args.evictors.split(",")) if args.evictors else defaults.evictors,
         batch_size=args.batch_size or defaults.batch_size,
         threads=args.threads or defaults.threads,
     )
     result = evaluate(config, model_path=args.model, out_dir=args.results)
-    print(markdown_tables(result))
+    print(pointer_markdown(result))
     print(f"results: {args.results}/quality.{{json,png,md}}", file=sys.stderr)
 
 
 def add_quality_commands(commands: Any) -> None:
     """Add `quality train` and `quality eval` to the top-level subparsers."""
-    from randkv.quality.evaluate import EvalConfig
-    from randkv.quality.train import TrainConfig
+    from randkv.quality.arms import arm_names
+    from randkv.quality.pointer.evaluate import EvalConfig
+    from randkv.quality.pointer.train import TrainConfig
 
     defaults, train_defaults = EvalConfig(), TrainConfig()
     quality = commands.add_parser(
@@ -148,7 +147,11 @@ def add_quality_commands(commands: Any) -> None:
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")
     ev.add_argument("--tally", action="store_true", help="tally chains instead of pointer chains")
-    ev.add_argument("--evictors", default=None, help="comma-separated (default: all)")
+    ev.add_argument(
+        "--evictors",
+        default=None,
+        help="comma-separated, from " + ",".join(arm_names()) + " (default: the task's set)",
+    )
     ev.add_argument("--batch-size", type=int, default=None, help="default 32; ledger 128")
     ev.add_argument("--threads", type=int, default=None, help="default 2; ledger 1")
     ev.add_argument("--results", default="results/quality", help="folder for JSON and PNG")

@@ -1,4 +1,4 @@
-"""The accuracy-vs-budget plot of a `randkv quality eval` result."""
+"""The accuracy-vs-budget plot of a quality result (rows of evictor, budget, accuracy, CI)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ _STYLE = {
 }
 
 
-def plot_accuracy(result: dict[str, Any], path: str | Path) -> Path:
-    """Exact-match accuracy (with its 95% CI) per evictor against the budget K."""
+def plot_accuracy(result: dict[str, Any], path: str | Path, *, title: str | None = None) -> Path:
+    """Exact-match accuracy (with its 95% CI) per evictor against the budget K; `title`
+    defaults to the task's name and version and the number of problems."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,17 +48,14 @@ def plot_accuracy(result: dict[str, Any], path: str | Path) -> Path:
         ax.errorbar(x, y, yerr=err, capsize=3, label=name, **_STYLE.get(name, {}))
     task = result["task"]
     config = result["config"]
+    if title is None:
+        title = f"{task['name']} v{task['version']}: {config['problems']} problems"
     ax.set_xscale("log", base=2)
     ax.set_xticks(budgets, [str(b) for b in budgets])
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel(f"budget K (tokens per KV head, prompt included; r = {config['buffer']})")
     ax.set_ylabel("exact-match accuracy (95% CI)")
-    ax.set_title(
-        f"{task['name'].replace('-', ' ')} v{task['version']}: {task['num_keys']} keys "
-        f"(prompt {task['prompt_tokens']} tokens), {task['answer_tokens']} generated tokens, "
-        f"{config['problems']} problems",
-        fontsize=9,
-    )
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

@@ -1,44 +1,84 @@
-"""Markdown tables of a `randkv quality eval` result (the README's table is made by this)."""
+"""Markdown helpers shared by the quality reports, and the accuracy-per-budget tables of any
+result whose rows carry an accuracy with its CI and a paired comparison against a reference
+(the pointer chain's table is made by this; its cycle-length table is in
+`randkv.quality.pointer.report`)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown_tables"]
+__all__ = [
+    "accuracy_cell",
+    "markdown_row",
+    "markdown_table",
+    "markdown_tables",
+    "result_budgets",
+    "write_result",
+]
 
 
-def _cell(row: dict[str, Any]) -> str:
-    return f"{row['accuracy']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+def write_result(
+    result: dict[str, Any],
+    out_dir: str | Path,
+    stem: str,
+    markdown: str,
+    plot: Callable[[dict[str, Any], Path], Path],
+) -> None:
+    """Write <stem>.json, <stem>.md and, when matplotlib is installed, <stem>.png into
+    `out_dir`; `result["plot"]` becomes the plot's path (None without matplotlib)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    try:
+        plot(result, out / f"{stem}.png")
+        result["plot"] = str(out / f"{stem}.png")
+    except ImportError:  # matplotlib is in the bench extra
+        result["plot"] = None
+
+
+def markdown_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a markdown table: the header, the rule, one row per line."""
+    return [markdown_row(header), "|" + "---|" * len(header), *map(markdown_row, lines)]
+
+
+def accuracy_cell(cell: dict[str, Any]) -> str:
+    """An accuracy with its CI: ``0.84 [0.77, 0.90]``."""
+    return f"{cell['accuracy']:.2f} [{cell['ci_low']:.2f}, {cell['ci_high']:.2f}]"
+
+
+def result_budgets(result: dict[str, Any]) -> list[int]:
+    """The budgets K of a result's rows, ascending (dense rows have none)."""
+    return sorted({r["budget"] for r in result["results"] if r["budget"] is not None})
 
 
 def markdown_tables(result: dict[str, Any], reference: str = "randkv") -> str:
     """Accuracy per evictor x budget (with 95% CIs), then paired differences vs `reference`."""
     rows = result["results"]
-    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    budgets = result_budgets(result)
     names = list(dict.fromkeys(r["evictor"] for r in rows))
     by_key = {(r["evictor"], r["budget"]): r for r in rows}
-    header = "| evictor | " + " | ".join(f"K = {b}" for b in budgets) + " |"
-    rule = "|---|" + "---|" * len(budgets)
-    lines = ["Exact-match accuracy [95% CI]:", "", header, rule]
+    head = markdown_table(["evictor", *[f"K = {b}" for b in budgets]], [])
+    lines = ["Exact-match accuracy [95% CI]:", "", *head]
     for name in names:
         if name == "dense":
-            dense = by_key[("dense", None)]
-            lines.append(
-                f"| dense (no eviction) | {_cell(dense)} (any K) |" + " |" * (len(budgets) - 1)
-            )
+            dense = accuracy_cell(by_key[("dense", None)])
+            lines.append(f"| dense (no eviction) | {dense} (any K) |" + " |" * (len(budgets) - 1))
             continue
-        cells = [_cell(by_key[(name, b)]) if (name, b) in by_key else "" for b in budgets]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        cells = [accuracy_cell(by_key[(name, b)]) if (name, b) in by_key else "" for b in budgets]
+        lines.append(markdown_row([name, *cells]))
     holm_note = (
         ", Holm-adjusted p" if any("holm_p" in r.get("vs_" + reference, {}) for r in rows) else ""
     )
-    lines += [
-        "",
-        f"Paired vs {reference} (accuracy difference, sign-test p{holm_note}):",
-        "",
-        header,
-        rule,
-    ]
+    paired_title = f"Paired vs {reference} (accuracy difference, sign-test p{holm_note}):"
+    lines += ["", paired_title, "", *head]
     for name in names:
         if name in ("dense", reference):
             continue
@@ -46,9 +86,7 @@ def markdown_tables(result: dict[str, Any], reference: str = "randkv") -> str:
         for b in budgets:
             paired = by_key.get((name, b), {}).get("vs_" + reference)
             cells.append(_paired(paired))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if result.get("by_cycle_length"):
-        lines += ["", *_cycle_table(result["by_cycle_length"], budgets)]
+        lines.append(markdown_row([name, *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -57,30 +95,3 @@ def _paired(paired: dict[str, Any] | None) -> str:
         return ""
     text = f"{paired['mean_difference']:+.2f}, p={paired['sign_test_p']:.2g}"
     return text + (f", Holm {paired['holm_p']:.2g}" if "holm_p" in paired else "")
-
-
-def _cycle_table(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
-    """Exact match by cycle length: one row per (evictor, cycle bin), one column per K."""
-    bins = list(dict.fromkeys(tuple(r["cycles"]) for r in rows))
-    by_key = {(r["evictor"], r["budget"], tuple(r["cycles"])): r for r in rows}
-    names = list(dict.fromkeys(r["evictor"] for r in rows))
-    out = [
-        "Exact match by cycle length C (problems per bin in the dense row):",
-        "",
-        "| evictor | C | " + " | ".join(f"K = {b}" for b in budgets) + " |",
-        "|---|---|" + "---|" * len(budgets),
-    ]
-    for name in names:
-        for low, high in bins:
-            if name == "dense":
-                cell = by_key.get((name, None, (low, high)))
-                text = f"{cell['accuracy']:.2f} (n={cell['problems']})" if cell else ""
-                out.append(f"| dense | {low}-{high} | {text} (any K) |" + " |" * (len(budgets) - 1))
-                continue
-            cells = [by_key.get((name, b, (low, high))) for b in budgets]
-            out.append(
-                f"| {name} | {low}-{high} | "
-                + " | ".join(f"{c['accuracy']:.2f}" if c else "" for c in cells)
-                + " |"
-            )
-    return out

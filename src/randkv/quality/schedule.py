@@ -1,7 +1,9 @@
 """Which runs an evaluation makes, and making them: shared by both quality tasks.
 
 A dense arm runs once (at the largest budget, which no round reaches anyway), a deterministic
-policy once per budget, a random one once per budget and eviction seed.
+policy once per budget, a random one once per budget and eviction seed. `run_arms` is the
+whole of it for a task whose runs come from one `ArmRunner`; `plan_runs` and `make_runs` are
+its two halves.
 """
 
 from __future__ import annotations
@@ -11,11 +13,61 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 Result = TypeVar("Result")
+Run = TypeVar("Run", bound="RunTraits")
 
 
 class ArmTraits(Protocol):
     dense: bool
     random: bool
+
+
+class RunTraits(Protocol):
+    """What `run_arms` reads of a run: the arm and budget it is grouped under."""
+
+    evictor: str
+    budget: int | None
+
+
+class ArmRunner(Protocol[Run]):
+    """A task's run of one arm over its problems (`run_evictor`, `run_ledger_arm`)."""
+
+    def __call__(
+        self,
+        model: Any,
+        problems: Sequence[Any],
+        evictor: str,
+        *,
+        budget: int,
+        buffer: int,
+        seed: int,
+        batch_size: int,
+        on_batch: Callable[[int], None] | None,
+    ) -> Run: ...
+
+
+def run_arms(
+    run_arm: ArmRunner[Run],
+    model: Any,
+    problems: Sequence[Any],
+    config: Any,
+    arm_of: Callable[[str], ArmTraits],
+    show_progress: bool,
+) -> tuple[dict[tuple[str, int | None], list[Run]], float]:
+    """Every run of `config.evictors` x `config.budgets` x `config.seeds` (as `plan_runs`
+    plans them) through `run_arm` with `config.buffer` and `config.batch_size`, grouped by
+    (arm, budget), and the seconds they took."""
+    plan = plan_runs(config.evictors, config.budgets, config.seeds, arm_of)
+
+    def run_one(name: str, budget: int, seed: int, on_batch: Callable[[int], None]) -> Run:
+        return run_arm(
+            model, problems, name, budget=budget, buffer=config.buffer, seed=seed,
+            batch_size=config.batch_size, on_batch=on_batch,
+        )  # fmt: skip
+
+    def key_of(run: Run) -> tuple[str, int | None]:
+        return run.evictor, run.budget
+
+    return make_runs(plan, arm_of, run_one, key_of, len(plan) * len(problems), show_progress)
 
 
 def plan_runs(

@@ -5,26 +5,14 @@ A policy is a small frozen dataclass (its parameters are its fields) subclassing
 `score(view)`; the r lowest-scoring candidates go). It reads only the `RoundView` the cache
 hands it; one that reads attention declares `needs_attention = True` and folds each layer's
 `AttentionStep` into a per-slot statistic in `observe`. `RandKV` is the default.
-See docs/selectors.md.
-
-| policy | keeps | prompt protected |
-|---|---|---|
-| RandKV() | prompt + r newest + uniform random sample (per KV head) | yes |
-| RandKV(protect_prompt=False) | r newest + uniform random sample of everything older | no |
-| StreamingLLM(sinks=4) | 4 sink tokens + most recent tokens | no |
-| PromptWindow() | prompt + most recent tokens | yes |
-| H2O() | prompt + recent half + heavy hitters (accumulated attention) | yes |
-| H2O(protect_prompt=False) | recent half + heavy hitters, prompt competes (as in the paper) | no |
-| SnapKV() | prompt + r newest + top observation-window votes, pooled | yes |
-| TOVA() | prompt + r newest + top attention of the newest query | yes |
-| SharedRandKV() | RandKV with one draw per layer shared by its KV heads (ablation) | yes |
-| RKV() | prompt + r newest + top attention importance minus key redundancy | yes |
-| Belady(future=...) | oracle: the copies future steps need, soonest first | yes |
+Every policy is registered by name in `randkv.selectors.registry`, which also says what each
+one keeps. See docs/selectors.md.
 """
+
+from typing import Any
 
 from randkv.selectors.base import PromptChoice, ScoredSelector, Selector, lowest
 from randkv.selectors.h2o import H2O
-from randkv.selectors.hooks import attention_hooks
 from randkv.selectors.oracle import Belady, Need
 from randkv.selectors.randkv import RandKV, SharedRandKV
 from randkv.selectors.recency import PromptWindow, StreamingLLM
@@ -49,6 +37,23 @@ __all__ = [
     "SharedRandKV",
     "SnapKV",
     "StreamingLLM",
-    "attention_hooks",
     "lowest",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The Transformers attention hooks moved to randkv.hf; imported here only on first use,
+    # so that `import randkv.selectors` does not import randkv.hf (which imports this package).
+    if name == "attention_hooks":
+        import warnings
+
+        from randkv.hf.hooks import attention_hooks
+
+        warnings.warn(
+            "randkv.selectors.attention_hooks moved to randkv.hf.attention_hooks; the old name "
+            "goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return attention_hooks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

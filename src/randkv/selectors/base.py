@@ -36,6 +36,9 @@ class Selector(ABC):
     #: The attention statistic restarts after each round (an observation window) instead of
     #: following its tokens through the round's moves.
     resets_after_round: ClassVar[bool] = False
+    #: An oracle: it must be told what future steps need (a `future` field the evaluation
+    #: fills per problem), so only tasks that know their problems' future can run it.
+    knows_future: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

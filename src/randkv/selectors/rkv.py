@@ -48,7 +48,9 @@ class RKV(PromptChoice, ScoredSelector):
         window = window_queries(step)
         if window is not None:
             heads = step.weights.shape[1] // step.num_kv_heads
-            votes = step.received(window) / (heads * window.sum(1).clamp(min=1)[:, None, None])
+            # The mean over the window's r queries, however many of them this forward holds
+            # (one per decode step, or all r in a chunked forward).
+            votes = step.received(window) / (heads * step.config.buffer_size)
             statistic[..., : votes.shape[-1]] += votes
 
     def score(self, view: RoundView) -> torch.Tensor:

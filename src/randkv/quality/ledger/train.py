@@ -1,6 +1,6 @@
 """`randkv quality train --task ledger`: train the ledger model on CPU.
 
-Same model and optimisation loop as the pointer-chain model (`randkv.quality.train.fit`). The
+Same model and optimisation loop as the pointer-chain model (`randkv.quality.training.fit`). The
 loss is taken only on the values of uses, the tokens that need the skill (copy the value of
 the variable just asked for from any earlier copy); forced tokens (defines, ``?X``, spaces)
 carry no loss. Curriculum: the longest body of a batch grows linearly from `min_events` to
@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from randkv.models.tiny import PAD_ID
-from randkv.quality.ledger import LEDGER_VERSION, LedgerConfig, make_ledger
+from randkv.quality.families import TRAIN_FAMILY
+from randkv.quality.ledger.task import LEDGER_VERSION, LedgerConfig, make_ledger
 from randkv.quality.model import encode
-from randkv.quality.train import TRAIN_FAMILY, fit, training_record
+from randkv.quality.training import fit, training_record
 
 __all__ = ["LedgerTrainConfig", "ledger_batch", "train_ledger"]
 

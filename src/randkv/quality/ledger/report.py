@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from randkv.quality.ledger_stats import STRATA
+from randkv.quality.ledger.stats import STRATA
+from randkv.quality.report import accuracy_cell, markdown_table, result_budgets
 
 __all__ = ["MIN_BIN_USES", "ledger_markdown", "plot_ledger"]
 
@@ -16,9 +17,7 @@ MIN_BIN_USES = 30
 def _cell(cell: dict[str, Any] | None, ci: bool = True) -> str:
     if cell is None:
         return ""
-    if not ci:
-        return f"{cell['accuracy']:.2f}"
-    return f"{cell['accuracy']:.2f} [{cell['ci_low']:.2f}, {cell['ci_high']:.2f}]"
+    return accuracy_cell(cell) if ci else f"{cell['accuracy']:.2f}"
 
 
 def _paired(cell: dict[str, Any] | None) -> str:
@@ -27,19 +26,10 @@ def _paired(cell: dict[str, Any] | None) -> str:
     return f"{cell['difference']:+.2f}" + ("*" if cell["holm_p"] < 0.05 else "")
 
 
-def _budgets(result: dict[str, Any]) -> list[int]:
-    return sorted({r["budget"] for r in result["results"] if r["budget"] is not None})
-
-
-def _table(header: list[str], lines: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return out + ["| " + " | ".join(line) + " |" for line in lines]
-
-
 def ledger_markdown(result: dict[str, Any]) -> str:
     """Overall accuracy, strata, paired comparisons (Holm), seed spread, survival, H1-H4."""
     rows = result["results"]
-    budgets = _budgets(result)
+    budgets = result_budgets(result)
     names = list(dict.fromkeys(r["evictor"] for r in rows))
     by_key = {(r["evictor"], r["budget"]): r for r in rows}
     r = result["config"]["buffer"]
@@ -60,7 +50,7 @@ def ledger_markdown(result: dict[str, Any]) -> str:
                 *[_cell(by_key.get((name, b), {}).get("strata", {}).get("all")) for b in budgets],
             ]
         )
-    out += _table(["evictor", *[f"K = {b}" for b in budgets]], lines)
+    out += markdown_table(["evictor", *[f"K = {b}" for b in budgets]], lines)
     for b in budgets:
         out += ["", f"K = {b}: accuracy by stratum (age band of the newest copy, m copies):", ""]
         lines = [
@@ -68,7 +58,7 @@ def ledger_markdown(result: dict[str, Any]) -> str:
             for name in names
             if (name, b) in by_key
         ]
-        out += _table(["evictor", *STRATA], lines)
+        out += markdown_table(["evictor", *STRATA], lines)
     out += [
         "",
         f"Paired vs {result['config']['reference']} (policy - reference; * Holm p < 0.05; "
@@ -85,7 +75,7 @@ def ledger_markdown(result: dict[str, Any]) -> str:
             }
             if cells:
                 lines.append([f"{name} K={b}", *[_paired(cells.get(s)) for s in STRATA]])
-    out += _table(["policy", *STRATA], lines)
+    out += markdown_table(["policy", *STRATA], lines)
     out += ["", "Eviction-seed spread (accuracy per seed, overall / beyond):", ""]
     lines = []
     for row in rows:
@@ -98,7 +88,7 @@ def ledger_markdown(result: dict[str, Any]) -> str:
                     ", ".join(f"{v:.3f}" for v in spread["beyond"]["accuracy"]),
                 ]
             )
-    out += _table(["policy", "overall", "beyond"], lines)
+    out += markdown_table(["policy", "overall", "beyond"], lines)
     out += ["", "Survival audit: accuracy (uses) by where the define's value token survived:", ""]
     classes = list(rows[0]["survival"])
     lines = []
@@ -110,7 +100,7 @@ def ledger_markdown(result: dict[str, Any]) -> str:
             acc = "-" if cell["accuracy"] is None else f"{cell['accuracy']:.2f}"
             cells.append(f"{acc} ({cell['uses']})")
         lines.append([label, *cells])
-    out += _table(["policy", *classes], lines)
+    out += markdown_table(["policy", *classes], lines)
     out += ["", "Hypotheses (stated before the run):", ""]
     for key, h in result["hypotheses"].items():
         out.append(f"- **{key}** ({h['statement']}): **{h['verdict']}**")
@@ -132,7 +122,7 @@ def plot_ledger(result: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = _budgets(result)
+    budgets = result_budgets(result)
     fig, axes = plt.subplots(
         1, len(budgets), figsize=(4.2 * len(budgets), 4.2), dpi=110, squeeze=False
     )

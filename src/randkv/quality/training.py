@@ -1,89 +1,30 @@
-"""`randkv quality train`: train the pointer-chain model on CPU and save a checkpoint.
+"""The training loop every quality model shares, and the record a checkpoint ships with.
 
-Deterministic given the seed: the initialisation comes from `torch.manual_seed(seed)` and every
-batch is a pure function of (seed, step) through the seeded task generator. Bitwise
-reproduction of the shipped weights additionally needs the same torch version and thread count
-(float reductions are summed in a thread-dependent order); `quality_train.json` in the
-checkpoint folder records both.
+Deterministic given the seed: the initialisation comes from `torch.manual_seed(seed)` and a
+task's batches are a pure function of (seed, step). Bitwise reproduction of shipped weights
+additionally needs the same torch version and thread count (float reductions are summed in a
+thread-dependent order); `quality_train.json` in the checkpoint folder records both.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from randkv.models.tiny import PAD_ID
-from randkv.quality.model import MODEL_PARAMS, build_model, encode, write_tokenizer_files
-from randkv.quality.task import TASK_VERSION, TaskConfig, make_problem
+from randkv.quality.model import MODEL_PARAMS, build_model, write_tokenizer_files
 
-__all__ = ["Schedule", "TrainConfig", "fit", "train"]
-
-#: Training problems come from task families TRAIN_FAMILY + seed; evaluation uses family 0..
-#: (the families are independent random streams, so train and eval problems differ).
-TRAIN_FAMILY = 1_000_000
+__all__ = ["FitSettings", "fit", "training_record"]
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings of `randkv quality train` (defaults: the shipped checkpoint)."""
-
-    seed: int = 0
-    steps: int = 1800
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup: int = 100
-    weight_decay: float = 0.01
-    min_keys: int = 4
-    max_keys: int = 10
-    # Short chains (mostly the first lap of the cycle), so that most answer tokens need a
-    # prompt lookup; the model generalises to the 40-hop evaluation chains.
-    min_hops: int = 1
-    max_hops: int = 12
-    threads: int = 1
-    tally: bool = False  # train on tally chains instead of pointer chains
-
-
-def _batch(config: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input ids, labels) of one batch; labels are -100 on the prompt and padding."""
-    rng = random.Random(f"randkv-quality-train:{config.seed}:{step}")
-    rows = []
-    for i in range(config.batch_size):
-        task = TaskConfig(
-            num_keys=rng.randint(config.min_keys, config.max_keys),
-            hops=rng.randint(config.min_hops, config.max_hops),
-            tally=config.tally,
-        )
-        problem = make_problem(TRAIN_FAMILY + config.seed, step * config.batch_size + i, task)
-        rows.append((encode(problem.prompt), encode(problem.target)))
-    width = max(len(p) + len(t) for p, t in rows)
-    ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for b, (prompt, target) in enumerate(rows):
-        seq = prompt + target
-        ids[b, : len(seq)] = torch.tensor(seq)
-        # Labels are the inputs; the model shifts them. Only answer tokens are predictable.
-        labels[b, len(prompt) : len(seq)] = torch.tensor(target)
-    return ids, labels
-
-
-def _lr(config: Schedule, step: int) -> float:
-    """Linear warm-up, then cosine decay to a tenth."""
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-class Schedule(Protocol):
+class FitSettings(Protocol):
     """What the optimisation loop reads of a training config."""
 
     seed: int
@@ -94,37 +35,17 @@ class Schedule(Protocol):
     threads: int
 
 
-def train(
-    out_dir: str | Path,
-    config: TrainConfig | None = None,
-    *,
-    progress: Callable[[int, float, float], None] | None = None,
-    save_every: int = 0,
-) -> dict[str, Any]:
-    """Train and save a checkpoint folder; returns the training record.
-
-    `progress(step, loss, token_accuracy)` is called after every step. With `save_every`, the
-    folder is also written every that many steps (its record says `"partial": true`), so an
-    interrupted run leaves a usable checkpoint; the weights are not affected.
-    """
-    config = config or TrainConfig()
-
-    def record(history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-        return training_record(config, TASK_VERSION, history, seconds)
-
-    return fit(
-        out_dir,
-        config,
-        lambda step: _batch(config, step),
-        record,
-        progress=progress,
-        save_every=save_every,
-    )
+def _lr(config: FitSettings, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def fit(
     out_dir: str | Path,
-    config: Schedule,
+    config: FitSettings,
     batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
     record: Callable[[list[dict[str, Any]], float], dict[str, Any]],
     *,

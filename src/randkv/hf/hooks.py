@@ -1,4 +1,9 @@
-"""Forward hooks that hand every attention layer's weights to the cache's selector."""
+"""Forward hooks that hand every attention layer's weights to the cache's selector.
+
+Transformers-specific (it finds attention modules by `q_proj` and reads
+`_attn_implementation`), so it lives in `randkv.hf`, not in the backend-neutral
+`randkv.selectors`.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from randkv.selectors.base import Selector
-
 if TYPE_CHECKING:
     from randkv.hf.cache import RandKVCache
+    from randkv.selectors.base import Selector
 
 __all__ = ["attention_hooks"]
 

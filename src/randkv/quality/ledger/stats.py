@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from randkv.quality.ledger import BANDS, LedgerProblem, age_band
-from randkv.quality.ledger_run import LedgerRun
+from randkv.quality.ledger.run import LedgerRun
+from randkv.quality.ledger.task import BANDS, LedgerProblem, age_band
 from randkv.quality.stats import cluster_bootstrap_ci, holm, sign_test
 
 __all__ = [

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from randkv.quality.ledger import PROMPT
-from randkv.quality.ledger_arms import SCORED
+from randkv.quality.ledger.arms import SCORED
+from randkv.quality.ledger.task import PROMPT
 
 __all__ = ["ALPHA", "hypotheses", "paper_regime"]
 

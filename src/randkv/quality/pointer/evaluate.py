@@ -2,14 +2,13 @@
 
 Every evictor runs through the same code: `randkv.hf.generate` over a `RandKVCache` with the
 same (K, r), greedy decoding, the same eager-attention model. Only the choice of the r slots a
-round empties differs (`randkv.selectors`, named in `randkv.quality.evictors`). Dense runs the
-same loop with a budget no round reaches. Deterministic evictors run once; RandKV and its
-ablation once per seed.
+round empties differs (`randkv.selectors`, by their names in `randkv.selectors.registry`;
+`COMPARED` are the ones compared by default). Dense runs the same loop with a budget no round
+reaches. Deterministic evictors run once; RandKV and its ablation once per seed.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,23 +20,34 @@ from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache, left_pad
 from randkv.hf.generate import generate
 from randkv.models.tiny import PAD_ID
-from randkv.quality.checker import check_answer
-from randkv.quality.evictors import ARMS, DENSE, EVICTORS, Arm
+from randkv.quality.arms import DENSE, find_arm
+from randkv.quality.families import EVAL_FAMILY
 from randkv.quality.model import decode, encode, load_model, shipped_checkpoint
-from randkv.quality.pointer_strata import add_holm, by_cycle_length
+from randkv.quality.pointer.checker import check_answer
+from randkv.quality.pointer.report import plot_pointer, pointer_markdown
+from randkv.quality.pointer.strata import add_holm, by_cycle_length
+from randkv.quality.pointer.task import TASK_VERSION, Problem, TaskConfig, make_problems
 from randkv.quality.provenance import machine_record, model_record
-from randkv.quality.report import markdown_tables
-from randkv.quality.schedule import make_runs, plan_runs
+from randkv.quality.report import write_result
+from randkv.quality.schedule import run_arms
 from randkv.quality.stats import bootstrap_mean_ci, paired_comparison, wilson_interval
-from randkv.quality.task import TASK_VERSION, Problem, TaskConfig, make_problems
 
-__all__ = ["SCHEMA_VERSION", "EvalConfig", "evaluate", "run_evictor"]
+__all__ = ["COMPARED", "SCHEMA_VERSION", "EvalConfig", "evaluate", "run_evictor"]
 
 #: Bump when the JSON layout changes (2: Holm-adjusted p-values, accuracy by cycle length).
 SCHEMA_VERSION = 2
 
-#: Evaluation problems come from this task family (training uses other families).
-EVAL_FAMILY = 0
+#: The policies compared by default (names in `randkv.selectors.registry`), in report order.
+COMPARED: tuple[str, ...] = (
+    "randkv",
+    "randkv-noprompt",
+    "streamingllm",
+    "window",
+    "h2o",
+    "h2o-noprompt",
+    "snapkv",
+    "tova",
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class EvalConfig:
     num_keys: int = 8
     hops: int = 32  # 128 generated tokens, where the shipped model is >= 80% exact with dense
     tally: bool = False  # tally chains instead of pointer chains (see TaskConfig)
-    evictors: tuple[str, ...] = (DENSE, *EVICTORS)
+    evictors: tuple[str, ...] = (DENSE, *COMPARED)
     batch_size: int = 32
     threads: int = 2
     reference: str = "randkv"  # paired comparisons are against this evictor
@@ -88,7 +98,7 @@ def run_evictor(
     on_batch: Callable[[int], None] | None = None,
 ) -> Run:
     """Greedy answers of one evictor (or "dense") to `problems`, checked independently."""
-    arm = _arm(evictor)
+    arm = find_arm(evictor)
     run = Run(evictor, None if arm.dense else budget, seed if arm.random else None)
     for batch in _batches(problems, batch_size):
         prompts = [encode(p.prompt) for p in batch]
@@ -128,13 +138,6 @@ def _greedy(new_tokens: int) -> dict[str, Any]:
     }
 
 
-def _arm(name: str) -> Arm:
-    try:
-        return ARMS[name]
-    except KeyError:
-        raise ValueError(f"unknown evictor {name!r}; choose from {list(ARMS)}") from None
-
-
 def _per_problem(runs: list[Run], attribute: str) -> list[float]:
     """Mean over seeds of each problem's score."""
     table = [getattr(run, attribute) for run in runs]
@@ -172,9 +175,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every evictor at every budget; write quality.json and quality.png into out_dir."""
     torch.set_num_threads(config.threads)
-    unknown = [e for e in config.evictors if e not in ARMS]
-    if unknown:
-        raise ValueError(f"unknown evictor(s) {unknown}; choose from {list(ARMS)}")
+    for name in config.evictors:
+        find_arm(name)  # every name is known before any run starts
     problems = make_problems(EVAL_FAMILY, config.problems, config.task)
     prompt_tokens = max(len(encode(p.prompt)) for p in problems)
     if min(config.budgets) < prompt_tokens:
@@ -183,30 +185,11 @@ def evaluate(
             "every evictor here keeps K >= P tokens"
         )
     model = load_model(model_path)
-    plan = plan_runs(config.evictors, config.budgets, config.seeds, _arm)
-
-    def run_one(name: str, budget: int, seed: int, on_batch: Callable[[int], None]) -> Run:
-        return run_evictor(
-            model, problems, name, budget=budget, buffer=config.buffer, seed=seed,
-            batch_size=config.batch_size, on_batch=on_batch,
-        )  # fmt: skip
-
-    runs, seconds = make_runs(
-        plan, _arm, run_one, lambda run: (run.evictor, run.budget),
-        len(plan) * len(problems), show_progress,
-    )  # fmt: skip
+    runs, seconds = run_arms(run_evictor, model, problems, config, find_arm, show_progress)
     result = _report(config, problems, runs, model_path, seconds, prompt_tokens)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "quality.md").write_text(markdown_tables(result, config.reference))
-    try:
-        from randkv.quality.plot import plot_accuracy
-
-        plot_accuracy(result, out / "quality.png")
-        result["plot"] = str(out / "quality.png")
-    except ImportError:  # matplotlib is in the bench extra
-        result["plot"] = None
+    write_result(
+        result, out_dir, "quality", pointer_markdown(result, config.reference), plot_pointer
+    )
     return result
 
 

@@ -1,27 +1,26 @@
 """`randkv quality eval --task ledger`: per-use accuracy of every arm at matched budgets.
 
 Every arm decodes the same evaluation problems (family 0) through `randkv.hf.forced_decode`
-over a `RandKVCache` with the same (K, r) (`randkv.quality.ledger_run`); dense runs the same
+over a `RandKVCache` with the same (K, r) (`randkv.quality.ledger.run`); dense runs the same
 loop with a budget no round reaches, once; RandKV and its shared-draw ablation once per
 eviction seed; the other arms once per budget. Writes ledger.json, ledger.md and ledger.png.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from randkv.quality.evaluate import EVAL_FAMILY
-from randkv.quality.ledger import LEDGER_VERSION, LedgerConfig, LedgerProblem, make_ledgers
-from randkv.quality.ledger_arms import LEDGER_ARMS, ledger_arm
-from randkv.quality.ledger_hypotheses import hypotheses
-from randkv.quality.ledger_run import LedgerRun, run_ledger_arm
-from randkv.quality.ledger_stats import (
+from randkv.quality.arms import DENSE
+from randkv.quality.families import EVAL_FAMILY
+from randkv.quality.ledger.arms import COMPARED, ledger_arm
+from randkv.quality.ledger.hypotheses import hypotheses
+from randkv.quality.ledger.report import ledger_markdown, plot_ledger
+from randkv.quality.ledger.run import LedgerRun, run_ledger_arm
+from randkv.quality.ledger.stats import (
     STRATA,
     age_bins,
     paired_rows,
@@ -30,9 +29,11 @@ from randkv.quality.ledger_stats import (
     summary,
     survival,
 )
+from randkv.quality.ledger.task import LEDGER_VERSION, LedgerConfig, LedgerProblem, make_ledgers
 from randkv.quality.model import load_model, shipped_checkpoint
 from randkv.quality.provenance import machine_record, model_record
-from randkv.quality.schedule import make_runs, plan_runs
+from randkv.quality.report import write_result
+from randkv.quality.schedule import run_arms
 
 __all__ = ["LEDGER_SCHEMA_VERSION", "LedgerEvalConfig", "evaluate_ledger"]
 
@@ -53,7 +54,7 @@ class LedgerEvalConfig:
     problems: int = 128
     events: int = 80
     variables: int = 20
-    evictors: tuple[str, ...] = tuple(LEDGER_ARMS)
+    evictors: tuple[str, ...] = (DENSE, *COMPARED)
     batch_size: int = 128
     threads: int = 1
     reference: str = "randkv"
@@ -77,33 +78,10 @@ def evaluate_ledger(
     problems = make_ledgers(EVAL_FAMILY, config.problems, config.task)
     model_folder = Path(model_path) if model_path is not None else shipped_checkpoint("ledger")
     model = load_model(model_folder)
-    plan = plan_runs(config.evictors, config.budgets, config.seeds, ledger_arm)
-
-    def run_one(name: str, budget: int, seed: int, on_batch: Callable[[int], None]) -> LedgerRun:
-        return run_ledger_arm(
-            model, problems, name, budget=budget, buffer=config.buffer, seed=seed,
-            batch_size=config.batch_size, on_batch=on_batch,
-        )  # fmt: skip
-
-    runs, seconds = make_runs(
-        plan, ledger_arm, run_one, lambda run: (run.evictor, run.budget),
-        len(plan) * len(problems), show_progress,
-    )  # fmt: skip
+    runs, seconds = run_arms(run_ledger_arm, model, problems, config, ledger_arm, show_progress)
     heads = model.config.num_hidden_layers * model.config.num_key_value_heads
     result = _report(config, problems, runs, model_folder, seconds, heads)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from randkv.quality.ledger_report import ledger_markdown
-
-    (out / "ledger.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "ledger.md").write_text(ledger_markdown(result))
-    try:
-        from randkv.quality.ledger_report import plot_ledger
-
-        plot_ledger(result, out / "ledger.png")
-        result["plot"] = str(out / "ledger.png")
-    except ImportError:  # matplotlib is in the bench extra
-        result["plot"] = None
+    write_result(result, out_dir, "ledger", ledger_markdown(result), plot_ledger)
     return result
 
 

@@ -22,9 +22,9 @@ import torch
 from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache
 from randkv.hf.generate import forced_decode
-from randkv.quality.ledger import LedgerProblem
-from randkv.quality.ledger_arms import ledger_arm, oracle_needs
-from randkv.quality.ledger_checker import check_ledger
+from randkv.quality.ledger.arms import ledger_arm, oracle_needs
+from randkv.quality.ledger.checker import check_ledger
+from randkv.quality.ledger.task import LedgerProblem
 from randkv.quality.model import decode, encode
 
 __all__ = ["LedgerRun", "run_ledger_arm"]
@@ -101,7 +101,7 @@ def _run_batch(
     prompt = ids.shape[1]
     limit = prompt + forced.shape[1] if arm.dense else budget
     selector = arm.selector()
-    if getattr(selector, "knows_future", False):
+    if selector.knows_future:
         selector = replace(selector, future=tuple(oracle_needs(p) for p in batch))
     cache = RandKVCache.from_inputs(
         model,
