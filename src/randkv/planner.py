@@ -23,8 +23,7 @@ import torch
 from randkv import spec
 from randkv.config import RandKVConfig
 from randkv.hostsync import host_to_device
-from randkv.rounds import RoundPlan as RoundPlan  # its home is randkv.rounds; re-exported
-from randkv.rounds import source_slots
+from randkv.rounds import RoundPlan, source_slots
 
 
 def _signed(value: int) -> int:

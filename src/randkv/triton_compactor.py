@@ -29,7 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from randkv.compactor import KVLayout, PagedCompactor, check_caches, moved_bytes
 from randkv.hostsync import host_to_device
-from randkv.planner import RoundPlan
+from randkv.rounds import RoundPlan
 
 _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 
