@@ -3,6 +3,7 @@ refusals of KV layouts the compactor would corrupt."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -141,6 +142,18 @@ def test_gpu_layouts_that_would_corrupt_are_refused(kwargs, message):
         _layout(**kwargs)
     assert "FlashInferBackend" in str(error.value)
     assert "; use " in str(error.value)  # what to do instead
+    # vLLM 0.28.0 has no VLLM_ATTENTION_BACKEND; it takes --attention-backend.
+    assert "VLLM_ATTENTION_BACKEND" not in str(error.value)
+    if "FlashAttention backend" in str(error.value):
+        assert "--attention-backend FLASH_ATTN" in str(error.value)
+
+
+def test_the_advised_attention_backend_is_an_engine_argument_vllm_knows():
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert "attention_backend" in {f.name for f in dataclasses.fields(EngineArgs)}
+    assert AttentionBackendEnum["FLASH_ATTN"] is not None
 
 
 def test_class_swap_checks_the_exact_vllm_class():

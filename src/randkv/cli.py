@@ -118,13 +118,15 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="default: the longest request"
     )
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    # Platform defaults (randkv.bench.serve.platform_defaults): CPU float32/eager/0.2,
+    # CUDA bfloat16/CUDA graphs/0.8.
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument(
-        "--no-enforce-eager",
-        dest="enforce_eager",
-        action="store_false",
-        help="let vLLM compile and capture graphs (GPUs); both arms alike",
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="eager mode, no CUDA graphs (default: on for CPU, off for GPU); both arms alike",
     )
 
 

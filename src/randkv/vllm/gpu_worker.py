@@ -19,9 +19,10 @@ from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin
 
 __all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout"]
 
+# vLLM 0.28.0 picks the backend with an engine argument (arg_utils.py), not an env var.
 _ADVICE = (
     "use block_size 16 (--block-size 16) with the FlashAttention backend "
-    "(VLLM_ATTENTION_BACKEND=FLASH_ATTN)"
+    "(--attention-backend FLASH_ATTN, or attention_backend='FLASH_ATTN' in Python)"
 )
 
 
