@@ -173,3 +173,28 @@ def test_class_swap_checks_the_exact_vllm_class():
         swap_class(OtherThing(), VllmThing, RandKVThing)
     with pytest.raises(TypeError, match="does not extend"):
         swap_class(OtherThing(), OtherThing, RandKVThing)
+
+
+def test_layers_sharing_one_kv_cache_are_refused_at_setup():
+    """vLLM's KV sharing lists one cache under two layers: two move sets, one memory."""
+    from randkv.vllm.worker_base import RandKVRunnerMixin
+
+    runner = types.SimpleNamespace(
+        shared_kv_cache_layers={"model.layers.3.self_attn.attn": "model.layers.1.self_attn.attn"}
+    )
+    with pytest.raises(UnsupportedModeError, match=r"share a KV cache .*3.* -> .*1"):
+        RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
+
+
+def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
+    import vllm.utils.platform_utils as platform_utils
+
+    from randkv import hostsync
+    from randkv.vllm.worker_base import RandKVRunnerMixin
+
+    monkeypatch.setattr(hostsync, "_pin_memory", True)
+    monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
+    runner = types.SimpleNamespace(shared_kv_cache_layers={})  # setup stops after the setting
+    with pytest.raises(AttributeError, match="kv_caches"):
+        RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
+    assert hostsync.pin_memory_enabled() is False
