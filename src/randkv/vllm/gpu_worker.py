@@ -15,9 +15,9 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin
+from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin, logger
 
-__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout"]
+__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
 
 # vLLM 0.28.0 picks the backend with an engine argument (arg_utils.py), not an env var.
 _ADVICE = (
@@ -27,11 +27,31 @@ _ADVICE = (
 
 
 class RandKVGPUModelRunner(RandKVRunnerMixin, GPUModelRunner):
+    def randkv_setup(self, config: Any, layout: KVLayout) -> None:
+        super().randkv_setup(config, layout)
+        # Runs in initialize_from_config, before the engine reports ready: the Triton
+        # variants a step can meet compile here, not as a latency spike in the first round.
+        seconds = randkv_warmup(self.randkv_planner, self.randkv_compactor, self.kv_caches)
+        self.randkv_compile_seconds = seconds
+        logger.info("RandKV: Triton kernels compiled at start-up in %.2f s", sum(seconds.values()))
+
     def randkv_make_compactor(self, layout: KVLayout, block_size: int) -> Any:
         from randkv.triton_compactor import make_compactor
 
         # CUDA: one Triton launch for all of a step's moves; elsewhere the torch compactor.
         return make_compactor(layout, block_size, self.kv_caches[0].device)
+
+
+def randkv_warmup(planner: Any, compactor: Any, caches: Any) -> dict[str, float]:
+    """Compile every Triton variant serving meets; seconds per kernel (0.0 where none)."""
+    seconds = {}
+    for name, part, args in (
+        ("compactor", compactor, (caches, planner.config.buffer_size)),
+        ("planner", planner, ()),
+    ):
+        warmup = getattr(part, "warmup", None)
+        seconds[name] = warmup(*args) if warmup is not None else 0.0
+    return seconds
 
 
 def gpu_kv_layout(
