@@ -67,6 +67,7 @@ class Kernel:
         *,
         do_not_specialize: Sequence[str] = (),
         do_not_specialize_on_alignment: Sequence[str] = (),
+        interpretable: bool = True,
     ) -> None:
         self.name = fn.__name__.lstrip("_")
         options = {
@@ -76,6 +77,9 @@ class Kernel:
         # triton.jit returns an InterpretedFunction when TRITON_INTERPRET=1 at import.
         self.compiled = triton.jit(fn, **options)
         self._fn, self._options = fn, options
+        # False: the kernel calls @triton.jit helpers (its own or triton.language's, e.g.
+        # tl.sum), which only an interpreter-mode import of Triton can run on CPU.
+        self._interpretable = interpretable
         self._interpreter: InterpretedFunction | None = None
         params = inspect.signature(fn).parameters.values()
         self._params = [(p.name, "constexpr" in str(p.annotation)) for p in params]
@@ -88,6 +92,13 @@ class Kernel:
         if device.type != "cpu" or isinstance(self.compiled, InterpretedFunction):
             return self.compiled
         if self._interpreter is None:
+            if not self._interpretable:
+                raise RuntimeError(
+                    f"the Triton kernel {self.name} runs on CPU tensors only in Triton's "
+                    "interpreter: set TRITON_INTERPRET=1 before triton is first imported "
+                    "(it calls triton.language helpers that compiled-mode Triton cannot "
+                    "interpret), or pass CUDA tensors"
+                )
             self._interpreter = InterpretedFunction(self._fn, **self._options)
         return self._interpreter
 
