@@ -18,9 +18,7 @@ from randkv import RandKVConfig, spec  # noqa: E402
 from randkv.planner import RoundPlanner, to_key_tensor  # noqa: E402
 
 triton_planner = pytest.importorskip("randkv.triton_planner")
-if not isinstance(
-    triton_planner.KERNEL.compiled, __import__("triton").runtime.interpreter.InterpretedFunction
-):
+if not isinstance(triton_planner.KERNEL.compiled, InterpretedFunction):
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
 
 CONFIGS = [(13, 3, 0), (64, 8, 2**64 - 1), (1, 1, 3), (40, 16, 5), (300, 100, 2**63)]

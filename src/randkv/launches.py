@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from randkv.triton_jit import LAUNCH_LABEL
