@@ -198,3 +198,21 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     with pytest.raises(AttributeError, match="kv_caches"):
         RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
     assert hostsync.pin_memory_enabled() is False
+
+
+def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch):
+    """vLLM profiles memory before any round: the planner's allocations must be reserved."""
+
+    from randkv import planner as planner_module
+    from randkv.planner import RoundPlanner
+    from randkv.vllm.gpu_worker import RandKVGPUWorker, randkv_memory_reserve
+
+    config = RandKVConfig(budget=2048, buffer_size=64)
+    sites = 36 * 8
+    reserve = randkv_memory_reserve(config, sites, 256)
+    assert reserve >= 256 * sites * 64 * 8  # at least the step's plan itself
+    # The torch fallback (r > 512, or no Triton) also keeps a chunk of scratch.
+    monkeypatch.setattr(planner_module, "_choose_backend", lambda *a: "torch")
+    assert randkv_memory_reserve(config, sites, 1) >= planner_module._SCRATCH_BYTES
+    assert RoundPlanner(config, [0], [0]).scratch_bytes <= planner_module._SCRATCH_BYTES
+    assert "determine_available_memory" in vars(RandKVGPUWorker)

@@ -332,6 +332,23 @@ class RoundPlanner:
         return RoundPlan(evicted=out.view(shape), sources=self._sources)
 
 
+def planner_peak_bytes(
+    config: RandKVConfig, sites: int, max_batch: int, device: torch.device | str = "cuda"
+) -> int:
+    """Device memory one planned step of up to `max_batch` rounds can take at its peak.
+
+    Triton backend: the plan itself (int64) and one packed copy of the inputs. Torch
+    backend: the plan plus one chunk of scratch (`_SCRATCH_BYTES`). vLLM profiles memory
+    before the first round, so its KV budget must leave this much free.
+    """
+    r = config.buffer_size
+    plan = max_batch * sites * r * 8
+    backend = _choose_backend("auto", torch.device(device), r)
+    if backend == "triton":
+        return 2 * plan + (3 * max_batch + 1) * 8
+    return 3 * plan + _SCRATCH_BYTES  # the plan, its reorderings, one chunk of scratch
+
+
 def _choose_backend(backend: str, device: torch.device, buffer_size: int) -> str:
     """ "torch" or "triton": "auto" takes the one-launch Triton planner on CUDA."""
     if backend not in ("auto", "torch", "triton"):

@@ -54,6 +54,14 @@ def randkv_warmup(planner: Any, compactor: Any, caches: Any) -> dict[str, float]
     return seconds
 
 
+def randkv_memory_reserve(config: Any, sites: int, max_num_seqs: int) -> int:
+    """Bytes to keep out of the KV cache for RandKV's per-step allocations (every request
+    of a step may fire a round)."""
+    from randkv.planner import planner_peak_bytes
+
+    return planner_peak_bytes(config, sites, max_num_seqs, "cuda")
+
+
 def gpu_kv_layout(
     cache_shape: tuple[int, ...],
     block_size: int,
@@ -90,6 +98,22 @@ def gpu_kv_layout(
 class RandKVGPUWorker(RandKVWorkerMixin, Worker):
     vllm_runner_cls = GPUModelRunner
     randkv_runner_cls = RandKVGPUModelRunner
+
+    def determine_available_memory(self) -> int:
+        """vLLM's KV budget minus what a RandKV step allocates after profiling (planner
+        output and scratch), so a round cannot run out of memory near a high
+        gpu_memory_utilization."""
+        available = super().determine_available_memory()
+        reserve = randkv_memory_reserve(
+            self.randkv,
+            self.model_config.get_num_layers(self.parallel_config)
+            * self.model_config.get_num_kv_heads(self.parallel_config),
+            self.scheduler_config.max_num_seqs,
+        )
+        logger.info("RandKV: %.1f MiB of GPU memory kept for round planning", reserve / 2**20)
+        if hasattr(self, "available_kv_cache_memory_bytes"):
+            self.available_kv_cache_memory_bytes = available - reserve
+        return available - reserve
 
     def randkv_layout(self) -> KVLayout:
         runner = self.model_runner
