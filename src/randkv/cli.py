@@ -262,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default=None, help="checkpoint path (default: tiny model)")
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)
+    commands.add_parser(
+        "check",
+        help="validate RandKV on this machine (GPU or CPU) in minutes (randkv check --help)",
+        add_help=False,
+    )
     _add_model_commands(commands)
     from randkv.quality.cli import add_quality_commands
 
@@ -274,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         _serve(argv[1:])
         return 0
+    if argv[:1] == ["check"]:  # torch (+ Triton) only: none of the other commands' imports
+        from randkv.check.command import main as check
+
+        return check(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
