@@ -58,7 +58,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 def test_check_runs_its_cpu_parts_without_vllm(tmp_path):
     out = tmp_path / "check.json"
-    result = _run(["check", "--json", str(out)], tmp_path)
+    result = _run(["check", "--device", "cpu", "--json", str(out)], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(out.read_text())
     assert doc["finished"] and doc["verdict"]["passed"]
