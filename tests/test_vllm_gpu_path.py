@@ -216,3 +216,22 @@ def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch
     assert randkv_memory_reserve(config, sites, 1) >= planner_module._SCRATCH_BYTES
     assert RoundPlanner(config, [0], [0]).scratch_bytes <= planner_module._SCRATCH_BYTES
     assert "determine_available_memory" in vars(RandKVGPUWorker)
+
+
+def test_start_up_warmup_falls_back_to_the_torch_planner_if_triton_fails():
+    from randkv.vllm.gpu_worker import randkv_warmup
+
+    class Planner:
+        config = RandKVConfig()
+        backend = "triton"
+
+        def warmup(self) -> float:
+            raise RuntimeError("ptxas: out of resources")
+
+    class Compactor:
+        def warmup(self, caches, r) -> float:
+            return 1.5
+
+    planner = Planner()
+    assert randkv_warmup(planner, Compactor(), []) == {"compactor": 1.5, "planner": 0.0}
+    assert planner.backend == "torch"

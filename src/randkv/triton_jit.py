@@ -38,7 +38,10 @@ except ImportError:  # pragma: no cover - older Triton: the mirror below
 def _specialize(value: Any, specialize: bool, align: bool) -> tuple[Any, ...]:
     """Triton's (type, specialisation) of one non-constexpr argument."""
     if _native is not None:
-        return tuple(_native(BaseBackend, value, False, specialize, align))
+        try:
+            return tuple(_native(BaseBackend, value, False, specialize, align))
+        except TypeError:  # another Triton's signature: the mirror below
+            pass
     if isinstance(value, torch.Tensor):  # pragma: no cover - mirror of Triton's rule
         aligned = align and specialize and value.data_ptr() % 16 == 0
         return (f"*{value.dtype}", "D" if aligned else "")
