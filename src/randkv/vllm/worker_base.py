@@ -31,7 +31,7 @@ from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
-from randkv.vllm.refusals import UnsupportedModeError
+from randkv.vllm.refusals import UnsupportedModeError, refuse_shared_kv_layers
 from randkv.vllm.timing import RoundTimer
 
 logger = init_logger("vllm.randkv.worker")
@@ -60,7 +60,12 @@ class RandKVRunnerMixin:
             get_tensor_model_parallel_rank,
             get_tensor_model_parallel_world_size,
         )
+        from vllm.utils.platform_utils import is_pin_memory_available
 
+        from randkv.hostsync import set_pin_memory
+
+        refuse_shared_kv_layers(getattr(self, "shared_kv_cache_layers", {}))
+        set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         caches = self.kv_caches
         local_heads = (
             caches[0].shape[3] if layout is KVLayout.KV_BLOCK_SLOT_HEAD else caches[0].shape[1]
