@@ -23,7 +23,8 @@ import torch
 from randkv import spec
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.config import RandKVConfig
-from randkv.planner import RoundPlan, RoundPlanner
+from randkv.planner import RoundPlanner
+from randkv.rounds import RoundPlan
 
 KEYS = (0, 2**63, 2**64 - 1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
