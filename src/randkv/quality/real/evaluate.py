@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from randkv.quality.arms import DENSE, find_arm
+from randkv.quality.model import load_model
 from randkv.quality.provenance import machine_record
 from randkv.quality.real.corpus import plays
 from randkv.quality.real.hypotheses import hypotheses
@@ -65,15 +66,14 @@ class RealEvalConfig:
 
 
 def _load(model_path: str | Path | None) -> tuple[Any, Any, Path]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The model (float32, eager: the scored policies read attention weights, and every arm
+    runs this path), its tokenizer and its folder (default: `randkv model fetch`'s)."""
+    from transformers import AutoTokenizer
 
     from randkv.models.shipped import fetch_model
 
     folder = Path(model_path) if model_path is not None else fetch_model()
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager"
-    ).eval()  # eager: the scored policies read attention weights; every arm runs this path
-    return model, AutoTokenizer.from_pretrained(folder), folder
+    return load_model(folder), AutoTokenizer.from_pretrained(folder), folder
 
 
 def evaluate_real(
