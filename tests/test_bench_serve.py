@@ -44,6 +44,38 @@ def test_abba_order():
         ServeBench(repeats=0)
 
 
+def test_engine_defaults_follow_the_platform(monkeypatch):
+    """FlashAttention/FlashInfer refuse float32 and eager mode skips CUDA graphs: a GPU run
+    with the CPU defaults would measure neither; explicit values always win."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = ServeBench().engine_args()
+    assert (gpu["dtype"], gpu["enforce_eager"]) == ("bfloat16", False)
+    assert gpu["gpu_memory_utilization"] > 0.5
+    assert ServeBench(dtype="float16", enforce_eager=True).engine_args()["dtype"] == "float16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = ServeBench().engine_args()
+    assert (cpu["dtype"], cpu["enforce_eager"], cpu["gpu_memory_utilization"]) == (
+        "float32",
+        True,
+        0.2,
+    )
+
+
+def test_cli_leaves_the_engine_defaults_to_the_platform(monkeypatch):
+    import torch
+
+    from randkv.cli import _bench_serve_settings, build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = build_parser().parse_args(["bench", "serve"])
+    assert _bench_serve_settings(args).engine_args()["dtype"] == "bfloat16"
+    args = build_parser().parse_args(["bench", "serve", "--enforce-eager", "--dtype", "float32"])
+    bench = _bench_serve_settings(args)
+    assert (bench.dtype, bench.enforce_eager) == ("float32", True)
+
+
 def _fake_run(tokens_per_s: float, ttft_p50: float, itl_p50: float, *, randkv: bool) -> dict:
     """One arm's run with the fields the schema requires; only the summarized ones vary."""
     percentiles = {"mean": 0.0, "p90": 0.0, "p99": 0.0}

@@ -74,3 +74,23 @@ def test_methods_are_restored_even_after_an_error():
         pass
     assert syncs.total == 0
     assert torch.arange(3).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("pinning", [True, False])
+def test_host_to_device_follows_the_pin_memory_setting(monkeypatch, pinning):
+    """vLLM can turn pinned memory off; a copy bound for CUDA must then not pin."""
+    from randkv import hostsync
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append(("pin",)) or self)
+    monkeypatch.setattr(
+        torch.Tensor, "to", lambda self, device, **kw: calls.append(("to", kw)) or self
+    )
+    monkeypatch.setattr(hostsync, "_pin_memory", hostsync.pin_memory_enabled())
+    hostsync.set_pin_memory(pinning)
+    host_to_device(torch.arange(3), "cuda")  # no CUDA needed: the copy is a recorder
+    if pinning:
+        assert calls == [("pin",), ("to", {"non_blocking": True})]
+    else:
+        assert calls == [("to", {})]

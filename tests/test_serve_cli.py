@@ -28,7 +28,7 @@ def test_randkv_options_are_taken_out_and_the_rest_goes_to_vllm():
     apply_randkv(args, config)
     assert args.scheduler_cls == "randkv.vllm.scheduler.RandKVScheduler"
     assert args.worker_cls == "randkv.vllm.worker.RandKVCPUWorker"
-    assert args.additional_config["randkv"] == {"budget": 512, "buffer_size": 64, "seed": 0}
+    assert args.additional_config["randkv"] is config  # parsed once, here, and passed on
     assert args.async_scheduling is False
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
 
@@ -13,6 +14,7 @@ from randkv import RandKVConfig, slot_positions  # noqa: E402
 from randkv.compactor import KVLayout, PagedCompactor  # noqa: E402
 from randkv.hostsync import count_host_syncs  # noqa: E402
 from randkv.planner import RoundPlanner  # noqa: E402
+from randkv.triton_jit import Kernel  # noqa: E402
 
 triton_compactor = pytest.importorskip("randkv.triton_compactor")
 TritonCompactor = triton_compactor.TritonCompactor
@@ -72,20 +74,13 @@ def test_triton_equals_torch_bit_for_bit(case, monkeypatch):
     caches = poisoned_caches(layout, order, layers, num_blocks, block_size, heads, 4, dtype, 1)
     expected = [c.clone() for c in caches]
     PagedCompactor(layout, block_size).apply(plan, expected, tables)
-    launches = []
-    kernel = triton_compactor._interpreted()
-
-    class Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(triton_compactor, "_interpreted", lambda: Counting())
-    monkeypatch.setattr(triton_compactor, "_compiled", Counting())
+    monkeypatch.setattr(Kernel, "tracking", True)
+    monkeypatch.setattr(triton_compactor.KERNEL, "launched", Counter())
     compactor = TritonCompactor(layout, block_size)
     with count_host_syncs() as syncs:
         compactor.apply(plan, caches, tables)
-    assert len(launches) == 1  # every request, layer and head in one launch
+    # Every request, layer and head in one launch.
+    assert sum(triton_compactor.KERNEL.launched.values()) == 1
     assert syncs.total == 0, dict(syncs.counts)
     for got, want in zip(caches, expected, strict=True):
         assert torch.equal(bits(got), bits(want))
@@ -179,3 +174,30 @@ def test_kernel_compiles_for_hopper_with_vectorized_row_copies(layout):
     ptx = compiled.asm["ptx"]
     assert geo.word == 8 and geo.align == 16
     assert "ld.global.v2.b64" in ptx and "st.global.v2.b64" in ptx  # 16-byte row accesses
+
+
+def test_warmup_compiles_the_only_variant_serving_meets(monkeypatch):
+    """After `warmup`, rounds with any batch, table width (1, a multiple of 16, other) and
+    fresh plan tensors launch under the warmed specialisation key: no compile in a step."""
+    config = RandKVConfig(budget=40, buffer_size=4, seed=2)
+    layers, heads, block_size = 2, 2, 4
+    caches = poisoned_caches(FLASH, "NHD", layers, 80, block_size, heads, 4, torch.bfloat16, 3)
+    kernel = triton_compactor.KERNEL
+    monkeypatch.setattr(Kernel, "tracking", True)
+    monkeypatch.setattr(kernel, "launched", Counter())
+    monkeypatch.setattr(kernel, "warmed", set())
+    compactor = TritonCompactor(FLASH, block_size)
+    compactor.warmup(caches, config.buffer_size)
+    assert len(kernel.warmed) == 1
+    planner = RoundPlanner(config, range(layers), range(heads))
+    blocks = -(-config.max_physical_length // block_size)  # 12
+    for batch, width in ((1, blocks), (2, 16), (1, 17), (3, 32)):
+        tables = torch.arange(batch * width).view(batch, width) % 80
+        plan = planner.plan([0] * batch, list(range(batch)), [width] * batch)
+        compactor.apply(plan, caches, tables)
+    assert set(kernel.launched) == kernel.warmed, "a serving step met an unwarmed variant"
+    # The check can fail: with the width specialised, widths 16 and 17 are two variants.
+    plain = Kernel(triton_compactor._fill_holes)
+    width_16, width_17 = [None] * 4 + [16], [None] * 4 + [17]  # table_width is argument 5
+    assert plain.specialization(width_16, {}) != plain.specialization(width_17, {})
+    assert kernel.specialization(width_16, {}) == kernel.specialization(width_17, {})

@@ -3,6 +3,7 @@ refusals of KV layouts the compactor would corrupt."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -141,6 +142,18 @@ def test_gpu_layouts_that_would_corrupt_are_refused(kwargs, message):
         _layout(**kwargs)
     assert "FlashInferBackend" in str(error.value)
     assert "; use " in str(error.value)  # what to do instead
+    # vLLM 0.28.0 has no VLLM_ATTENTION_BACKEND; it takes --attention-backend.
+    assert "VLLM_ATTENTION_BACKEND" not in str(error.value)
+    if "FlashAttention backend" in str(error.value):
+        assert "--attention-backend FLASH_ATTN" in str(error.value)
+
+
+def test_the_advised_attention_backend_is_an_engine_argument_vllm_knows():
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert "attention_backend" in {f.name for f in dataclasses.fields(EngineArgs)}
+    assert AttentionBackendEnum["FLASH_ATTN"] is not None
 
 
 def test_class_swap_checks_the_exact_vllm_class():
@@ -160,3 +173,65 @@ def test_class_swap_checks_the_exact_vllm_class():
         swap_class(OtherThing(), VllmThing, RandKVThing)
     with pytest.raises(TypeError, match="does not extend"):
         swap_class(OtherThing(), OtherThing, RandKVThing)
+
+
+def test_layers_sharing_one_kv_cache_are_refused_at_setup():
+    """vLLM's KV sharing lists one cache under two layers: two move sets, one memory."""
+    from randkv.vllm.worker_base import RandKVRunnerMixin
+
+    runner = types.SimpleNamespace(
+        shared_kv_cache_layers={"model.layers.3.self_attn.attn": "model.layers.1.self_attn.attn"}
+    )
+    with pytest.raises(UnsupportedModeError, match=r"share a KV cache .*3.* -> .*1"):
+        RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
+
+
+def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
+    import vllm.utils.platform_utils as platform_utils
+
+    from randkv import hostsync
+    from randkv.vllm.worker_base import RandKVRunnerMixin
+
+    monkeypatch.setattr(hostsync, "_pin_memory", True)
+    monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
+    runner = types.SimpleNamespace(shared_kv_cache_layers={})  # setup stops after the setting
+    with pytest.raises(AttributeError, match="kv_caches"):
+        RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
+    assert hostsync.pin_memory_enabled() is False
+
+
+def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch):
+    """vLLM profiles memory before any round: the planner's allocations must be reserved."""
+
+    from randkv import planner as planner_module
+    from randkv.planner import RoundPlanner
+    from randkv.vllm.gpu_worker import RandKVGPUWorker, randkv_memory_reserve
+
+    config = RandKVConfig(budget=2048, buffer_size=64)
+    sites = 36 * 8
+    reserve = randkv_memory_reserve(config, sites, 256)
+    assert reserve >= 256 * sites * 64 * 8  # at least the step's plan itself
+    # The torch fallback (r > 512, or no Triton) also keeps a chunk of scratch.
+    monkeypatch.setattr(planner_module, "_choose_backend", lambda *a: "torch")
+    assert randkv_memory_reserve(config, sites, 1) >= planner_module._SCRATCH_BYTES
+    assert RoundPlanner(config, [0], [0]).scratch_bytes <= planner_module._SCRATCH_BYTES
+    assert "determine_available_memory" in vars(RandKVGPUWorker)
+
+
+def test_start_up_warmup_falls_back_to_the_torch_planner_if_triton_fails():
+    from randkv.vllm.gpu_worker import randkv_warmup
+
+    class Planner:
+        config = RandKVConfig()
+        backend = "triton"
+
+        def warmup(self) -> float:
+            raise RuntimeError("ptxas: out of resources")
+
+    class Compactor:
+        def warmup(self, caches, r) -> float:
+            return 1.5
+
+    planner = Planner()
+    assert randkv_warmup(planner, Compactor(), []) == {"compactor": 1.5, "planner": 0.0}
+    assert planner.backend == "torch"

@@ -71,6 +71,53 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     assert wrapped.randkv_stats()["counters"]["rounds"] == rounds
 
 
+def test_the_budget_is_parsed_once_from_additional_config_to_the_planner(
+    tiny_model_path, monkeypatch
+):
+    """The options enter as a dict, become one RandKVConfig at the plugin, and that object
+    is what the scheduler, the worker and its planner run with (in-process engine: the same
+    object; in other processes, its pickled copy)."""
+    import vllm
+
+    from randkv.vllm.messages import RandKVSchedulerOutput
+    from randkv.vllm.options import RandKVAdditionalConfig
+
+    parses = []
+    validate = RandKVConfig.__post_init__
+
+    def counted(self):
+        parses.append(self)
+        validate(self)
+
+    monkeypatch.setattr(RandKVConfig, "__post_init__", counted)
+    stock = vllm.LLM(
+        model=tiny_model_path,
+        additional_config={"randkv": {"budget": 40, "buffer_size": 8, "seed": 2}, "other": 1},
+        **COMMON,
+    )
+    core = _engine_core(stock)
+    runner = core.model_executor.driver_worker.worker.model_runner
+    extra = core.vllm_config.additional_config
+    assert isinstance(extra, RandKVAdditionalConfig) and extra["other"] == 1
+    assert len(extra.compute_hash()) == 64 and core.vllm_config.compute_hash()
+    steps = []
+    before_step = type(runner).randkv_before_step
+
+    def recorded(self, scheduler_output):
+        steps.append(scheduler_output)
+        before_step(self, scheduler_output)
+
+    monkeypatch.setattr(type(runner), "randkv_before_step", recorded)
+    assert stock.collective_rpc("randkv_stats")[0]["counters"]["rounds"] == 0
+    _tokens(stock)
+    assert stock.collective_rpc("randkv_stats")[0]["counters"]["rounds"] > 0
+    assert parses == [CONFIG]  # one parse, at the plugin
+    assert core.scheduler.randkv is parses[0]
+    assert runner.randkv is parses[0] and runner.randkv_planner.config is parses[0]
+    assert steps and all(type(step) is RandKVSchedulerOutput for step in steps)
+    assert any(step.randkv.directives for step in steps)
+
+
 PLAIN_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -138,7 +185,8 @@ def test_the_metrics_warning_is_logged_once(monkeypatch):
     assert len(records) == 1
     assert "PROMETHEUS_MULTIPROC_DIR" in records[0].getMessage()
     assert args.scheduler_cls == "randkv.vllm.scheduler.RandKVScheduler"
-    assert args.additional_config["randkv"] == {"budget": 64, "buffer_size": 64, "seed": 0}
+    # The options are parsed once and replaced by their RandKVConfig.
+    assert args.additional_config["randkv"] == RandKVConfig(budget=64)
 
 
 def _engine_args_like(**fields):
@@ -165,11 +213,13 @@ def test_plugin_refusals_name_the_setting(monkeypatch):
 
 def test_the_front_door_passes_requests_through_without_randkv():
     """The wrapped renderers read RandKV's settings from the engine on every call: an engine
-    without "randkv" gets vLLM's rendered request back untouched, however long."""
+    without RandKV (even one whose plain additional_config says "randkv": the plugin never
+    built it) gets vLLM's rendered request back untouched, however long."""
     import asyncio
     import types
 
     from randkv.vllm import front_door
+    from randkv.vllm.options import RandKVAdditionalConfig
 
     rendered = ["engine input"]
 
@@ -189,5 +239,7 @@ def test_the_front_door_passes_requests_through_without_randkv():
     request = types.SimpleNamespace(vllm_xargs={"randkv_keyy": 1.5})
     assert asyncio.run(checked(serving({}), request)) is rendered
     assert asyncio.run(checked(serving({"other": 1}), request)) is rendered
-    refused = asyncio.run(checked(serving({"randkv": {"budget": 64}}), request))
+    assert asyncio.run(checked(serving({"randkv": {"budget": 64}}), request)) is rendered
+    on = RandKVAdditionalConfig.of({"other": 1}, RandKVConfig(budget=64))
+    refused = asyncio.run(checked(serving(on), request))
     assert refused[0] == "error" and "randkv_keyy" in refused[1]

@@ -30,10 +30,7 @@ def test_refused_engine_arguments(kwargs, message):
 def test_call_site_forms():
     assert randkv_engine_kwargs(None, {"dtype": "float32"}) == {"dtype": "float32"}
     out = randkv_engine_kwargs(True, {"dtype": "float32", "additional_config": {"a": 1}})
-    assert out["additional_config"] == {
-        "a": 1,
-        "randkv": {"budget": 2048, "buffer_size": 64, "seed": 0},
-    }
+    assert out["additional_config"] == {"a": 1, "randkv": RandKVConfig()}
     assert out["scheduler_cls"].endswith("RandKVScheduler")
     assert out["dtype"] == "float32"
     with pytest.raises(ValueError, match="buffer_size must be in"):

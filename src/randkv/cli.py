@@ -136,13 +136,15 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="default: the longest request"
     )
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    # Platform defaults (randkv.bench.serve.platform_defaults): CPU float32/eager/0.2,
+    # CUDA bfloat16/CUDA graphs/0.8.
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument(
-        "--no-enforce-eager",
-        dest="enforce_eager",
-        action="store_false",
-        help="let vLLM compile and capture graphs (GPUs); both arms alike",
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="eager mode, no CUDA graphs (default: on for CPU, off for GPU); both arms alike",
     )
 
 
@@ -282,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--results", default="results/demo", help="folder for JSON results")
     demo.set_defaults(func=_demo)
+    commands.add_parser(
+        "check",
+        help="validate RandKV on this machine (GPU or CPU) in minutes (randkv check --help)",
+        add_help=False,
+    )
     _add_model_commands(commands)
     from randkv.quality.cli import add_quality_commands
 
@@ -294,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         _serve(argv[1:])
         return 0
+    if argv[:1] == ["check"]:  # torch (+ Triton) only: none of the other commands' imports
+        from randkv.check.command import main as check
+
+        return check(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from randkv.hostsync import host_to_device
-from randkv.planner import RoundPlan
+from randkv.rounds import RoundPlan
 
 
 class KVLayout(enum.Enum):

@@ -149,15 +149,35 @@ def count_host_syncs() -> Iterator[HostSyncCounter]:
         yield counter
 
 
+_pin_memory = True  # vLLM's engine sets this from its platform (see `set_pin_memory`)
+
+
+def set_pin_memory(enabled: bool) -> None:
+    """Whether `host_to_device` stages host tensors in pinned memory (process-wide).
+
+    vLLM turns pinned memory off where it is unavailable or unwanted (WSL, some containers,
+    `is_pin_memory_available()`); RandKV's workers follow that setting.
+    """
+    global _pin_memory
+    _pin_memory = bool(enabled)
+
+
+def pin_memory_enabled() -> bool:
+    return _pin_memory
+
+
 def host_to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """Copy `tensor` to `device` without a host sync.
+    """Copy `tensor` to `device` without a host sync where pinned memory is allowed.
 
     A host tensor bound for CUDA is staged in pinned memory and copied non-blocking on
     the current stream (a pageable copy would block the host); torch's pinned-memory
-    allocator keeps the staging buffer alive until the copy has run.
+    allocator keeps the staging buffer alive until the copy has run. With pinning off
+    (`set_pin_memory(False)`) the copy is an ordinary pageable one.
     """
     device = torch.device(device)
     if tensor.device.type == "cpu" and device.type == "cuda":
+        if not _pin_memory:
+            return tensor.to(device)
         if not tensor.is_pinned():
             tensor = tensor.pin_memory()
         return tensor.to(device, non_blocking=True)

@@ -23,8 +23,7 @@ import torch
 from randkv import spec
 from randkv.config import RandKVConfig
 from randkv.hostsync import host_to_device
-from randkv.rounds import RoundPlan as RoundPlan  # its home is randkv.rounds; re-exported
-from randkv.rounds import source_slots
+from randkv.rounds import RoundPlan, source_slots
 
 
 def _signed(value: int) -> int:
@@ -170,6 +169,7 @@ class RoundPlanner:
         device: torch.device | str = "cpu",
         *,
         scratch_bytes: int = _SCRATCH_BYTES,
+        backend: str = "auto",
     ) -> None:
         self.config = config
         self.scratch_bytes = scratch_bytes  # working memory per chunk of planned rows
@@ -182,6 +182,30 @@ class RoundPlanner:
         self._site_states = fold_key(fold_key(torch.zeros_like(layer_t), layer_t)[:, None], head_t)
         self._sources = torch.tensor(source_slots(config), dtype=torch.int64, device=self.device)
         self._seed_state = _signed(spec.seed_state(config.seed))
+        self.backend = _choose_backend(backend, self.device, config.buffer_size)
+        self._site_flat = self._site_states.reshape(-1).contiguous()
+
+    def warmup(self) -> float:
+        """Compile the Triton planner's variant for Python-int keys (the engine's); seconds
+        spent (0.0 with the torch backend or on CPU)."""
+        if self.backend != "triton":
+            return 0.0
+        from randkv import triton_planner
+
+        sites, r = self._site_flat.numel(), self.config.buffer_size
+        ints = torch.zeros(4, dtype=torch.int64, device=self.device)
+        return triton_planner.plan_rows(
+            keys=None,
+            states=ints[:1],
+            sites=self._site_flat,
+            prompts=ints[1:2],
+            caps=ints[2:3],
+            ok=ints[3:],
+            out=torch.empty((1, sites, r), dtype=torch.int64, device=self.device),
+            compacted_length=self.config.compacted_length,
+            seed_state=self._seed_state,
+            warmup=True,
+        )
 
     def stream_keys(self, request_keys: torch.Tensor, round_indices: torch.Tensor) -> torch.Tensor:
         """`spec.stream_key` for every (request, layer, head): shape (B, L, H)."""
@@ -220,6 +244,8 @@ class RoundPlanner:
             raise ValueError(f"prompt lengths must be >= 0, got {min(prompts)}")
         candidates = [config.compacted_length - p for p in prompts]  # n per request, >= r
         draws = [_safe_draws(*_draw_bucket(n, r), r) for n in candidates]
+        if self.backend == "triton":
+            return self._plan_triton(prompts, request_keys, rounds, draws, shape)
         # Requests that need many draws (prompts near K) go first and share chunks.
         order = sorted(range(batch), key=lambda b: -draws[b])
         inverse = sorted(range(batch), key=order.__getitem__)
@@ -260,6 +286,85 @@ class RoundPlanner:
         if permuted:
             evicted = evicted.index_select(0, inverse_t)
         return RoundPlan(evicted=evicted, sources=self._sources)
+
+    def _plan_triton(
+        self,
+        prompts: list[int],
+        request_keys: torch.Tensor | Sequence[int],
+        rounds: list[int],
+        draws: list[int],
+        shape: tuple[int, ...],
+    ) -> RoundPlan:
+        """One host-to-device copy, one kernel, one device-side assert (see triton_planner)."""
+        from randkv import triton_planner
+
+        batch, device = len(prompts), self.device
+        tensor_keys = isinstance(request_keys, torch.Tensor)
+        if tensor_keys:
+            states = [_signed(index) for index in rounds]  # the kernel hashes the keys
+        else:
+            states = [
+                _signed(spec.request_state(self.config.seed, key, index))
+                for key, index in zip(request_keys, rounds, strict=True)
+            ]
+        # The ok flag (1 until a row runs out of draws) rides in the same copy.
+        packed = torch.tensor(prompts + states + draws + [1], dtype=torch.int64)
+        on_device = host_to_device(packed, device)
+        prompt_t, state_t, cap_t = on_device[: 3 * batch].view(3, batch)
+        ok = on_device[3 * batch :]
+        keys = host_to_device(request_keys.to(torch.int64), device) if tensor_keys else None
+        out = torch.empty(
+            (batch, self._site_flat.numel(), shape[-1]), dtype=torch.int64, device=device
+        )
+        triton_planner.plan_rows(
+            keys=keys,
+            states=state_t,
+            sites=self._site_flat,
+            prompts=prompt_t,
+            caps=cap_t,
+            ok=ok,
+            out=out,
+            compacted_length=self.config.compacted_length,
+            seed_state=self._seed_state,
+        )
+        torch._assert_async(ok[0], "RandKV planner: a stream ran out of draws")
+        return RoundPlan(evicted=out.view(shape), sources=self._sources)
+
+
+def planner_peak_bytes(
+    config: RandKVConfig, sites: int, max_batch: int, device: torch.device | str = "cuda"
+) -> int:
+    """Device memory one planned step of up to `max_batch` rounds can take at its peak.
+
+    Triton backend: the plan itself (int64) and one packed copy of the inputs. Torch
+    backend: the plan plus one chunk of scratch (`_SCRATCH_BYTES`). vLLM profiles memory
+    before the first round, so its KV budget must leave this much free.
+    """
+    r = config.buffer_size
+    plan = max_batch * sites * r * 8
+    backend = _choose_backend("auto", torch.device(device), r)
+    if backend == "triton":
+        return 2 * plan + (3 * max_batch + 1) * 8
+    return 3 * plan + _SCRATCH_BYTES  # the plan, its reorderings, one chunk of scratch
+
+
+def _choose_backend(backend: str, device: torch.device, buffer_size: int) -> str:
+    """ "torch" or "triton": "auto" takes the one-launch Triton planner on CUDA."""
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"planner backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "auto":
+        if device.type != "cuda":
+            return "torch"
+        try:
+            from randkv import triton_planner
+        except ImportError:  # no Triton: the torch planner works everywhere
+            return "torch"
+        return "triton" if buffer_size <= triton_planner.MAX_BUFFER else "torch"
+    if backend == "triton":
+        from randkv import triton_planner
+
+        triton_planner.block_sizes(buffer_size)  # refuses an r it cannot plan
+    return backend
 
 
 def plan_round(

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from randkv.compactor import KVLayout, PagedCompactor, check_caches, moved_bytes
 from randkv.hostsync import host_to_device
-from randkv.planner import RoundPlan
+from randkv.rounds import RoundPlan
+from randkv.triton_jit import Kernel
 
 _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 
@@ -90,15 +89,14 @@ def _fill_holes(
         tl.store(base + (dst + half * stride_half)[:, None] + cols[None, :], words, mask=mask)
 
 
-_compiled = triton.jit(_fill_holes)  # interpreted if TRITON_INTERPRET=1 at import
-
-
-@lru_cache(maxsize=1)
-def _interpreted() -> Any:
-    """The kernel in Triton's interpreter, for CPU tensors whatever TRITON_INTERPRET says."""
-    if isinstance(_compiled, InterpretedFunction):
-        return _compiled
-    return InterpretedFunction(_fill_holes)
+KERNEL = Kernel(
+    _fill_holes,
+    # The block-table width changes from step to step (the longest planned request);
+    # the plan and table tensors are allocated per step. Everything else is fixed by the
+    # engine's caches and config, so an engine compiles one variant (see `warmup`).
+    do_not_specialize=("table_width",),
+    do_not_specialize_on_alignment=("evicted", "sources", "tables"),
+)
 
 
 @dataclass(frozen=True)
@@ -188,20 +186,47 @@ class TritonCompactor:
         batch, layers, heads, r = plan.evicted.shape
         if batch == 0 or r == 0:
             return
-        first = caches[0]
-        device = first.device
-        geo = _geometry(self.layout, caches)
+        device = caches[0].device
         evicted = host_to_device(plan.evicted, device).to(torch.int64).contiguous()
         sources = host_to_device(plan.sources, device).to(torch.int64).contiguous()
         tables = host_to_device(block_tables.to(torch.int64).contiguous(), device)
+        grid, args, options = self._launch(caches, evicted, sources, tables)
+        KERNEL.launch(device, grid, *args, **options)
+
+    def warmup(self, caches: Sequence[torch.Tensor], buffer_size: int) -> float:
+        """Compile the one variant these caches and r meet, without moving anything.
+
+        Seconds spent compiling (0.0 on CPU). Call it at start-up, after the KV caches
+        are allocated: the first round then compiles nothing.
+        """
+        device = caches[0].device
+        heads = caches[0].shape[3 if self.layout is KVLayout.KV_BLOCK_SLOT_HEAD else 1]
+        evicted = torch.zeros(
+            (1, len(caches), heads, buffer_size), dtype=torch.int64, device=device
+        )
+        sources = torch.zeros(buffer_size, dtype=torch.int64, device=device)
+        tables = torch.zeros((1, 3), dtype=torch.int64, device=device)  # width: unspecialised
+        grid, args, options = self._launch(caches, evicted, sources, tables)
+        return KERNEL.warmup(device, grid, *args, **options)
+
+    def _launch(
+        self,
+        caches: Sequence[torch.Tensor],
+        evicted: torch.Tensor,
+        sources: torch.Tensor,
+        tables: torch.Tensor,
+    ) -> tuple[tuple[int, ...], tuple[Any, ...], dict[str, Any]]:
+        """(grid, positional args, constexprs and options) of one launch."""
+        batch, layers, heads, r = evicted.shape
+        first = caches[0]
+        geo = _geometry(self.layout, caches)
         row_block = triton.next_power_of_2(geo.row)
         block_m = min(
             128, triton.next_power_of_2(max(1, self.tile_bytes // (row_block * geo.word)))
         )
         block_m = min(block_m, triton.next_power_of_2(heads * r))
         chunks = triton.cdiv(heads * r, block_m)
-        kernel = _interpreted() if device.type == "cpu" else _compiled
-        kernel[(batch * layers * chunks,)](
+        args = (
             self._layer_table(caches),
             evicted,
             sources,
@@ -217,14 +242,17 @@ class TritonCompactor:
             geo.stride_head,
             geo.stride_slot,
             geo.stride_half,
-            ROW=geo.row,
-            ROW_BLOCK=row_block,
-            HALVES=geo.halves,
-            BLOCK_M=block_m,
-            WORD=_WORDS[geo.word],
-            ALIGN=geo.align,
-            num_warps=self.num_warps,
         )
+        options = {
+            "ROW": geo.row,
+            "ROW_BLOCK": row_block,
+            "HALVES": geo.halves,
+            "BLOCK_M": block_m,
+            "WORD": _WORDS[geo.word],
+            "ALIGN": geo.align,
+            "num_warps": self.num_warps,
+        }
+        return (batch * layers * chunks,), args, options
 
 
 def make_compactor(

@@ -84,5 +84,41 @@ def run(
         "vs_rand_topk": results["rand_topk"]["median_ms"] / base,
         "batched_per_request_vs_single": base / results["randkv_batched_64"]["per_request_ms"],
     }
+    results["launches_per_step"] = launches_per_step(planner)
     results["machine"] = machine_info(threads)
     return results
+
+
+def launches_per_step(planner: RoundPlanner) -> dict[str, Any]:
+    """Kernel launches of one planned step of 1 and 64 rounds, per planner backend.
+
+    Counted with the torch profiler (`randkv.launches`), so on any machine. The Triton
+    planner runs on CPU only in Triton's interpreter (TRITON_INTERPRET=1), where it is
+    counted on one (layer, head) site, the count not depending on the shape; without CUDA
+    or the interpreter it is not measured.
+    """
+    from randkv.launches import planner_launches
+
+    counts: dict[str, Any] = {}
+    config, layers, heads = planner.config, planner.layers, planner.kv_heads
+    torch_planner = RoundPlanner(config, layers, heads, planner.device, backend="torch")
+    counts["torch"] = {str(n): planner_launches(torch_planner, n)[0] for n in (1, 64)}
+    try:
+        triton_planner = RoundPlanner(config, layers, heads, planner.device, backend="triton")
+        if planner.device.type != "cuda" and not _interpreting():
+            raise RuntimeError("no CUDA and Triton not in interpreter mode")
+        small = planner.device.type != "cuda"  # the interpreter is slow: one site
+        if small:
+            triton_planner = RoundPlanner(config, layers[:1], heads[:1], backend="triton")
+        counts["triton"] = {str(n): planner_launches(triton_planner, n)[0] for n in (1, 64)}
+        if small:
+            counts["triton"]["shape"] = "1 layer x 1 KV head (the count does not depend on it)"
+    except (ImportError, RuntimeError, ValueError) as error:
+        counts["triton"] = f"not measured here: {error}"
+    return counts
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

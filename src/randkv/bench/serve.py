@@ -40,6 +40,22 @@ TARGET_EVICTION_SHARE = 0.05
 ARMS = ("plain", "randkv")
 
 
+def platform_defaults(cuda: bool | None = None) -> dict[str, Any]:
+    """dtype, memory share and eager mode for the machine (cuda=None: ask torch).
+
+    CPU: float32, eager, 20% of host memory. CUDA: bfloat16 (FlashAttention and FlashInfer
+    refuse float32), CUDA graphs and compilation on, 80% of GPU memory (the pool size is
+    fixed by num_gpu_blocks_override; the share only bounds profiling and activations).
+    """
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda:
+        return {"dtype": "bfloat16", "gpu_memory_utilization": 0.8, "enforce_eager": False}
+    return {"dtype": "float32", "gpu_memory_utilization": 0.2, "enforce_eager": True}
+
+
 @dataclass(frozen=True)
 class ServeBench:
     """Everything both arms share, plus RandKV's settings for the second arm."""
@@ -52,15 +68,20 @@ class ServeBench:
     block_size: int = 16
     max_num_seqs: int = 16
     max_model_len: int | None = None  # None: the longest request of the workload
-    dtype: str = "float32"
-    gpu_memory_utilization: float = 0.2  # on the CPU backend: the share of host memory
-    enforce_eager: bool = True  # no torch.compile warm-up; turn off on GPUs for CUDA graphs
+    # None: chosen for the platform by `platform_defaults` (a GPU figure taken with the CPU
+    # settings would measure Triton attention without CUDA graphs).
+    dtype: str | None = None
+    gpu_memory_utilization: float | None = None  # CPU backend: the share of host memory
+    enforce_eager: bool | None = None
     results_dir: Path = Path("results/bench-serve")
     repeats: int = 1  # runs of each arm, in ABBA order
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        for name, value in platform_defaults().items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: resolve once, here
 
     def model_len(self) -> int:
         """vLLM refuses a max_model_len whose one sequence does not fit in the pool."""

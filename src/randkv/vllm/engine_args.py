@@ -3,11 +3,11 @@ cannot serve correctly before the engine starts (the modes are listed in `refusa
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
 from randkv.config import RandKVConfig
+from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.refusals import (
     UnsupportedModeError,
     refuse_engine_kwargs,
@@ -15,16 +15,12 @@ from randkv.vllm.refusals import (
 )
 
 __all__ = [
-    "ADDITIONAL_CONFIG_KEY",
     "UnsupportedModeError",
     "check_engine_supported",
-    "check_kv_cache_groups",
-    "config_from_vllm",
     "randkv_engine_kwargs",
     "use_v1_model_runner",
 ]
 
-ADDITIONAL_CONFIG_KEY = "randkv"
 SCHEDULER_CLS = "randkv.vllm.scheduler.RandKVScheduler"
 CPU_WORKER_CLS = "randkv.vllm.worker.RandKVCPUWorker"
 GPU_WORKER_CLS = "randkv.vllm.gpu_worker.RandKVGPUWorker"
@@ -32,13 +28,6 @@ V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 #: Engine arguments RandKV fills in itself.
 INSTALLED_ENGINE_ARGS = ("scheduler_cls", "worker_cls", "additional_config", "async_scheduling")
-
-
-def config_from_vllm(vllm_config: Any) -> RandKVConfig | None:
-    """The RandKVConfig carried in vLLM's `additional_config`, or None if RandKV is off."""
-    extra = getattr(vllm_config, "additional_config", None) or {}
-    values = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
-    return None if values is None else RandKVConfig.coerce(values)
 
 
 def use_v1_model_runner() -> None:
@@ -63,7 +52,9 @@ def use_v1_model_runner() -> None:
 
 
 def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """vLLM keyword arguments with RandKV's scheduler, worker and config filled in."""
+    """vLLM keyword arguments with RandKV's scheduler, worker and config filled in; `randkv`
+    takes the forms `RandKVConfig.coerce` does (a RandKVConfig passes through unparsed), and
+    the RandKVConfig itself goes into `additional_config`."""
     config = RandKVConfig.coerce(randkv)
     if config is None:
         return dict(kwargs)
@@ -82,7 +73,7 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     out["scheduler_cls"] = SCHEDULER_CLS
     out["worker_cls"] = CPU_WORKER_CLS if current_platform.is_cpu() else GPU_WORKER_CLS
     additional = dict(out.get("additional_config") or {})
-    additional[ADDITIONAL_CONFIG_KEY] = dataclasses.asdict(config)
+    additional[ADDITIONAL_CONFIG_KEY] = config
     out["additional_config"] = additional
     return out
 
@@ -92,27 +83,3 @@ def check_engine_supported(vllm_config: Any) -> None:
     problems = refused_modes(vllm_config)
     if problems:
         raise UnsupportedModeError("RandKV does not support: " + "; ".join(problems))
-
-
-def check_kv_cache_groups(kv_cache_config: Any) -> None:
-    """Exactly one full-attention KV cache group, no windows, sinks or latent caches."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    from randkv.vllm.kv_spec import RandKVFullAttentionSpec
-
-    groups = kv_cache_config.kv_cache_groups
-    names = [type(group.kv_cache_spec).__name__ for group in groups]
-    if len(groups) != 1:
-        raise UnsupportedModeError(
-            f"RandKV needs one full-attention KV cache group; this model has {names} "
-            "(hybrid or mixed attention)"
-        )
-    spec = groups[0].kv_cache_spec
-    if (
-        type(spec) not in (FullAttentionSpec, RandKVFullAttentionSpec)
-        or getattr(spec, "sliding_window", None)
-        or getattr(spec, "attention_chunk_size", None)
-    ):
-        raise UnsupportedModeError(
-            f"RandKV supports full attention only; this model's KV cache is {names[0]}"
-        )

@@ -8,8 +8,8 @@ a stream starts); later checks would answer a stream with HTTP 200 and an in-ban
 vLLM offers no hook for extra request validation, so this wraps the two methods that render
 a request, `OpenAIServingCompletion.render_completion_request` and
 `OpenAIServingChat.render_chat_request` (listed with their upgrade risk in
-docs/vllm-integration.md). The wrap reads RandKV's settings from the engine's configuration
-on every call, so it does nothing for an engine without RandKV.
+docs/vllm-integration.md). The wrap reads the engine's RandKVConfig on every call (the one
+the plugin parsed, an attribute read), so it does nothing for an engine without RandKV.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from randkv.config import PromptTooLongError, RandKVConfig
-from randkv.vllm.engine_args import config_from_vllm
+from randkv.vllm.options import config_from_vllm
 from randkv.vllm.request_key import check_request_fields
 
 logger = init_logger("vllm.randkv.front_door")

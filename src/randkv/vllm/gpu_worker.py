@@ -15,22 +15,57 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin
+from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin, logger
 
-__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout"]
+__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
 
+# vLLM 0.28.0 picks the backend with an engine argument (arg_utils.py), not an env var.
 _ADVICE = (
     "use block_size 16 (--block-size 16) with the FlashAttention backend "
-    "(VLLM_ATTENTION_BACKEND=FLASH_ATTN)"
+    "(--attention-backend FLASH_ATTN, or attention_backend='FLASH_ATTN' in Python)"
 )
 
 
 class RandKVGPUModelRunner(RandKVRunnerMixin, GPUModelRunner):
+    def randkv_setup(self, config: Any, layout: KVLayout) -> None:
+        super().randkv_setup(config, layout)
+        # Runs in initialize_from_config, before the engine reports ready: the Triton
+        # variants a step can meet compile here, not as a latency spike in the first round.
+        seconds = randkv_warmup(self.randkv_planner, self.randkv_compactor, self.kv_caches)
+        self.randkv_compile_seconds = seconds
+        logger.info("RandKV: Triton kernels compiled at start-up in %.2f s", sum(seconds.values()))
+
     def randkv_make_compactor(self, layout: KVLayout, block_size: int) -> Any:
         from randkv.triton_compactor import make_compactor
 
         # CUDA: one Triton launch for all of a step's moves; elsewhere the torch compactor.
         return make_compactor(layout, block_size, self.kv_caches[0].device)
+
+
+def randkv_warmup(planner: Any, compactor: Any, caches: Any) -> dict[str, float]:
+    """Compile every Triton variant serving meets; seconds per kernel (0.0 where none)."""
+    seconds = {}
+    warmup = getattr(compactor, "warmup", None)
+    seconds["compactor"] = warmup(caches, planner.config.buffer_size) if warmup else 0.0
+    try:
+        seconds["planner"] = planner.warmup()
+    except Exception as error:  # the torch planner plans the same rounds, bit for bit
+        logger.warning(
+            "RandKV: the Triton planner failed to compile (%s); planning with the torch "
+            "planner instead (identical plans, more kernel launches per step)",
+            error,
+        )
+        planner.backend = "torch"
+        seconds["planner"] = 0.0
+    return seconds
+
+
+def randkv_memory_reserve(config: Any, sites: int, max_num_seqs: int) -> int:
+    """Bytes to keep out of the KV cache for RandKV's per-step allocations (every request
+    of a step may fire a round)."""
+    from randkv.planner import planner_peak_bytes
+
+    return planner_peak_bytes(config, sites, max_num_seqs, "cuda")
 
 
 def gpu_kv_layout(
@@ -69,6 +104,22 @@ def gpu_kv_layout(
 class RandKVGPUWorker(RandKVWorkerMixin, Worker):
     vllm_runner_cls = GPUModelRunner
     randkv_runner_cls = RandKVGPUModelRunner
+
+    def determine_available_memory(self) -> int:
+        """vLLM's KV budget minus what a RandKV step allocates after profiling (planner
+        output and scratch), so a round cannot run out of memory near a high
+        gpu_memory_utilization."""
+        available = super().determine_available_memory()
+        reserve = randkv_memory_reserve(
+            self.randkv,
+            self.model_config.get_num_layers(self.parallel_config)
+            * self.model_config.get_num_kv_heads(self.parallel_config),
+            self.scheduler_config.max_num_seqs,
+        )
+        logger.info("RandKV: %.1f MiB of GPU memory kept for round planning", reserve / 2**20)
+        if hasattr(self, "available_kv_cache_memory_bytes"):
+            self.available_kv_cache_memory_bytes = available - reserve
+        return available - reserve
 
     def randkv_layout(self) -> KVLayout:
         runner = self.model_runner

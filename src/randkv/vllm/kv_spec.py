@@ -1,4 +1,5 @@
-"""The KV cache spec RandKV's workers report: full attention bounded by K + 2r tokens."""
+"""The KV cache spec RandKV's workers report (full attention bounded by K + 2r tokens), and
+the scheduler's check that an engine's KV cache is one such group."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from randkv.vllm.engine_args import config_from_vllm
+from randkv.vllm.options import config_from_vllm
+from randkv.vllm.refusals import UnsupportedModeError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,3 +32,23 @@ class RandKVFullAttentionSpec(FullAttentionSpec):
     def wrap(cls, spec: FullAttentionSpec) -> RandKVFullAttentionSpec:
         # dataclasses.replace cannot change the class: copy the fields.
         return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+
+
+def check_kv_cache_groups(kv_cache_config: Any) -> None:
+    """Exactly one full-attention KV cache group, no windows, sinks or latent caches."""
+    groups = kv_cache_config.kv_cache_groups
+    names = [type(group.kv_cache_spec).__name__ for group in groups]
+    if len(groups) != 1:
+        raise UnsupportedModeError(
+            f"RandKV needs one full-attention KV cache group; this model has {names} "
+            "(hybrid or mixed attention)"
+        )
+    spec = groups[0].kv_cache_spec
+    if (
+        type(spec) not in (FullAttentionSpec, RandKVFullAttentionSpec)
+        or getattr(spec, "sliding_window", None)
+        or getattr(spec, "attention_chunk_size", None)
+    ):
+        raise UnsupportedModeError(
+            f"RandKV supports full attention only; this model's KV cache is {names[0]}"
+        )

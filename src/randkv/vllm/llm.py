@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import vllm
 
 from randkv.config import RandKVConfig
-from randkv.vllm.engine_args import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.metrics import merge_ranks
+from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.plugin import register
 from randkv.vllm.request_ids import EngineRequestIds
 
@@ -24,11 +23,12 @@ class LLM(vllm.LLM):
         self.randkv_config: RandKVConfig | None = RandKVConfig.coerce(randkv)
         if self.randkv_config is not None:
             # The plugin's path (stock `vllm.LLM(additional_config={"randkv": ...})`): it
-            # fills in RandKV's scheduler and worker when vLLM builds its configuration.
+            # fills in RandKV's scheduler and worker when vLLM builds its configuration, and
+            # takes the config parsed here as it is.
             register()
             kwargs["additional_config"] = {
                 **(kwargs.get("additional_config") or {}),
-                ADDITIONAL_CONFIG_KEY: dataclasses.asdict(self.randkv_config),
+                ADDITIONAL_CONFIG_KEY: self.randkv_config,
             }
         super().__init__(model=model, **kwargs)
         self._randkv_ids = EngineRequestIds()

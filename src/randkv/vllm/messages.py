@@ -1,9 +1,19 @@
 """Typed data that crosses the scheduler -> worker boundary once per step (pickled in
-multiprocess mode, so plain dataclasses of ints and strings)."""
+multiprocess mode, so plain dataclasses of ints and strings).
+
+vLLM v1 declares every field its scheduler sends the workers, and so does RandKV: its
+scheduler returns a `RandKVSchedulerOutput`, vLLM's `SchedulerOutput` plus one declared
+field. A subclass rather than a reused vLLM field (the KV connector's metadata slot would
+clash with a real connector) or an attribute set on vLLM's object (undeclared, read back
+with getattr); it pickles like its base, so it reaches every worker, in-process or through
+vLLM's multiprocess executor at any tensor-parallel size.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+from vllm.v1.core.sched.output import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -22,5 +32,16 @@ class RandKVStepPlan:
     """Everything RandKV's workers need for one step."""
 
     directives: dict[str, RoundDirective] = field(default_factory=dict)
-    request_keys: dict[str, int] = field(default_factory=dict)  # newly scheduled requests
     scheduler_counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class RandKVSchedulerOutput(SchedulerOutput):
+    """vLLM's scheduler output with this step's RandKV plan."""
+
+    randkv: RandKVStepPlan
+
+    @classmethod
+    def of(cls, output: SchedulerOutput, plan: RandKVStepPlan) -> RandKVSchedulerOutput:
+        """`output`'s fields (the same objects, not copies) and `plan`."""
+        return cls(**{f.name: getattr(output, f.name) for f in fields(output)}, randkv=plan)

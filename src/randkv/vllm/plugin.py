@@ -6,11 +6,12 @@ vLLM loads every `vllm.general_plugins` entry point in every one of its processe
 (`VLLM_PLUGINS` filters them), so `register` must be cheap and must never change a
 deployment that does not use RandKV. It wraps one vLLM method, `EngineArgs.create_engine_config`,
 where a deployment's options become its configuration: when the options carry "randkv" in
-`additional_config`, the wrap validates them and fills in RandKV's scheduler, the worker for
-the platform, synchronous scheduling and vLLM's V1 model runner (a user's contrary choice is
-refused with the setting to change), and installs RandKV's front-door checks
-(`randkv.vllm.front_door`). Without "randkv" the wrap passes straight through. Under any
-vLLM but 0.28.0 `register` does nothing at all.
+`additional_config`, the wrap parses them once into a `RandKVConfig`, fills in RandKV's
+scheduler, the worker for the platform, synchronous scheduling and vLLM's V1 model runner (a
+user's contrary choice is refused with the setting to change), installs RandKV's front-door
+checks (`randkv.vllm.front_door`), and leaves the parsed config on the `VllmConfig` it
+returns, where every engine process reads it (`randkv.vllm.options`). Without "randkv" the
+wrap passes straight through. Under any vLLM but 0.28.0 `register` does nothing at all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import functools
 import logging
 import os
 from typing import Any
+
+from randkv.config import RandKVConfig
+from randkv.vllm.options import RandKVAdditionalConfig, options_in
 
 logger = logging.getLogger("vllm.randkv.plugin")
 
@@ -46,27 +50,30 @@ def register() -> None:
 def _with_randkv(create: Any) -> Any:
     @functools.wraps(create)
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _randkv_options(self) is not None:
-            usage = kwargs.get("usage_context", args[0] if args else None)
-            # The offline LLM class has no HTTP front door and no /metrics endpoint.
-            apply_to_engine_args(self, serving=getattr(usage, "name", None) != "LLM_CLASS")
-        return create(self, *args, **kwargs)
+        usage = kwargs.get("usage_context", args[0] if args else None)
+        # The offline LLM class has no HTTP front door and no /metrics endpoint.
+        config = apply_to_engine_args(self, serving=getattr(usage, "name", None) != "LLM_CLASS")
+        vllm_config = create(self, *args, **kwargs)
+        if config is not None:  # it travels on in vLLM's slot for out-of-tree settings
+            vllm_config.additional_config = RandKVAdditionalConfig.of(
+                vllm_config.additional_config, config
+            )
+        return vllm_config
 
     create_engine_config.__randkv_wrapped__ = True  # type: ignore[attr-defined]
     return create_engine_config
 
 
-def _randkv_options(engine_args: Any) -> Any:
-    extra = getattr(engine_args, "additional_config", None)
-    return extra.get("randkv") if isinstance(extra, dict) else None
-
-
-def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
+def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVConfig | None:
     """Validate RandKV's options in `engine_args.additional_config` and fill in what RandKV
-    needs (raises UnsupportedModeError / ValueError naming what to change). `serving`: the
-    engine will back an HTTP server (install the front door; warn once if RandKV's series
-    cannot reach /metrics)."""
-    from randkv.config import RandKVConfig
+    needs (raises UnsupportedModeError / ValueError naming what to change). Returns the
+    RandKVConfig, which also replaces the options there, so nothing parses them again (None,
+    touching nothing, when RandKV is off). `serving`: the engine will back an HTTP server
+    (install the front door; warn once if RandKV's series cannot reach /metrics)."""
+    options = options_in(getattr(engine_args, "additional_config", None))
+    config = RandKVConfig.coerce(options)  # the one parse (a RandKVConfig passes as it is)
+    if config is None:
+        return None
     from randkv.vllm import front_door
     from randkv.vllm.engine_args import (
         INSTALLED_ENGINE_ARGS,
@@ -75,7 +82,6 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
     )
     from randkv.vllm.refusals import REFUSED_ENGINE_ARGS
 
-    config = RandKVConfig.coerce(_randkv_options(engine_args))
     names = dict.fromkeys((*INSTALLED_ENGINE_ARGS, *REFUSED_ENGINE_ARGS))
     current = {name: getattr(engine_args, name, None) for name in names}
     if current["scheduler_cls"] == SCHEDULER_CLS:  # already applied (e.g. a second config)
@@ -87,6 +93,7 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> None:
         front_door.install()
         if METRICS_ENV not in os.environ:
             _warn_once_about_metrics()
+    return config
 
 
 @functools.cache

@@ -136,3 +136,18 @@ def refuse_engine_kwargs(kwargs: dict[str, Any]) -> None:
 def refused_modes(vllm_config: Any) -> list[str]:
     """The refused modes a resolved VllmConfig uses (empty: RandKV can serve it)."""
     return [refusal.what for refusal in REFUSALS if refusal.detect(vllm_config)]
+
+
+def refuse_shared_kv_layers(shared_kv_cache_layers: dict[str, str]) -> None:
+    """Refuse vLLM's cross-layer KV sharing (a layer reading another layer's cache).
+
+    A shared cache appears under both layers in the runner's `kv_caches`, so a round would
+    apply two layers' different move sets to the same memory.
+    """
+    if shared_kv_cache_layers:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in sorted(shared_kv_cache_layers.items())[:4])
+        raise UnsupportedModeError(
+            f"RandKV does not support layers that share a KV cache ({pairs}); the model uses "
+            "vLLM's KV sharing (kv_sharing_target_layer_name): use a model whose every "
+            "attention layer has its own KV cache"
+        )

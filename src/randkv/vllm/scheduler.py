@@ -20,13 +20,11 @@ from vllm.v1.request import Request, RequestStatus
 from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.spec import num_rounds, physical_length
 from randkv.vllm.class_swap import swap_class
-from randkv.vllm.engine_args import (
-    check_engine_supported,
-    check_kv_cache_groups,
-    config_from_vllm,
-)
-from randkv.vllm.messages import RandKVStepPlan, RoundDirective
+from randkv.vllm.engine_args import check_engine_supported
+from randkv.vllm.kv_spec import check_kv_cache_groups
+from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
+from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.request_key import derive_request_key
 from randkv.vllm.timeline import TimelineMixin
 
@@ -147,7 +145,7 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         super().__init__(*args, **kwargs)
         config = config_from_vllm(self.vllm_config)
         if config is None:
-            raise ValueError("RandKVScheduler needs additional_config['randkv']")
+            raise ValueError(NO_CONFIG.format(cls="RandKVScheduler"))
         check_engine_supported(self.vllm_config)
         check_kv_cache_groups(self.kv_cache_config)
         self.randkv = config
@@ -159,7 +157,6 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary.
         self.need_mamba_block_aligned_split = True
-        self._new_keys: dict[str, int] = {}
         self._open_timeline()
         logger.info(
             "RandKV on: budget K=%d, buffer r=%d, seed=%d; at most %d tokens of KV per request",
@@ -189,7 +186,6 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             self._reject(request, str(error))
         else:
             self.request_rounds[request.request_id] = RequestRounds(key, request.num_prompt_tokens)
-            self._new_keys[request.request_id] = key
         super().add_request(request)
 
     def _reject(self, request: Request, message: str) -> None:
@@ -217,7 +213,12 @@ class RandKVScheduler(TimelineMixin, Scheduler):
 
     # ------------------------------------------------------------------ per step
 
-    def _update_after_schedule(self, scheduler_output: Any) -> None:
+    def schedule(self, *args: Any, **kwargs: Any) -> RandKVSchedulerOutput:
+        output = super().schedule(*args, **kwargs)
+        return RandKVSchedulerOutput.of(output, self._step_plan(output))
+
+    def _step_plan(self, scheduler_output: Any) -> RandKVStepPlan:
+        """The rounds this step fires, for the requests it still runs."""
         manager = self.kv_cache_manager
         dropped = set(scheduler_output.preempted_req_ids or ()) | set(
             scheduler_output.finished_req_ids
@@ -229,13 +230,9 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         }
         manager.directives = {}
         self._publish_blocks_held()
-        scheduler_output.randkv = RandKVStepPlan(
-            directives=directives,
-            request_keys=self._new_keys,
-            scheduler_counters=self.metrics.stats("scheduler"),
+        return RandKVStepPlan(
+            directives=directives, scheduler_counters=self.metrics.stats("scheduler")
         )
-        self._new_keys = {}
-        super()._update_after_schedule(scheduler_output)
 
     def _publish_blocks_held(self) -> None:
         blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
@@ -256,7 +253,6 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         result = super()._free_request(request, *args, **kwargs)
         self.request_rounds.pop(request.request_id, None)
         self.rejected.pop(request.request_id, None)
-        self._new_keys.pop(request.request_id, None)
         self.kv_cache_manager.directives.pop(request.request_id, None)
         self._publish_blocks_held()  # the engine may go idle and stop scheduling
         return result

@@ -12,7 +12,6 @@ invocation works unchanged with `randkv serve` in front of it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from randkv.config import RandKVConfig
@@ -63,13 +62,15 @@ def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
 def apply_randkv(args: argparse.Namespace, config: RandKVConfig | None) -> None:
     """Put RandKV into vLLM's parsed serve arguments, the way the plugin does for stock
     `vllm serve --additional-config '{"randkv": ...}'` (one path into vLLM)."""
+    from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
     from randkv.vllm.plugin import apply_to_engine_args, register
 
     if config is None:
         return
+    # The config parsed from the RandKV options, taken as it is by the plugin.
     args.additional_config = {
         **(getattr(args, "additional_config", None) or {}),
-        "randkv": dataclasses.asdict(config),
+        ADDITIONAL_CONFIG_KEY: config,
     }
     register()
     apply_to_engine_args(args)

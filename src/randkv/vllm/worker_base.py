@@ -26,12 +26,12 @@ from randkv.config import RandKVConfig
 from randkv.planner import RoundPlanner
 from randkv.slotmap import SlotPositionMap
 from randkv.vllm.class_swap import swap_class
-from randkv.vllm.engine_args import config_from_vllm
 from randkv.vllm.kv_spec import RandKVFullAttentionSpec
-from randkv.vllm.messages import RandKVStepPlan
+from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan
 from randkv.vllm.metrics import RandKVRecorder, Source
+from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
-from randkv.vllm.refusals import UnsupportedModeError
+from randkv.vllm.refusals import UnsupportedModeError, refuse_shared_kv_layers
 from randkv.vllm.timing import RoundTimer
 
 logger = init_logger("vllm.randkv.worker")
@@ -60,7 +60,12 @@ class RandKVRunnerMixin:
             get_tensor_model_parallel_rank,
             get_tensor_model_parallel_world_size,
         )
+        from vllm.utils.platform_utils import is_pin_memory_available
 
+        from randkv.hostsync import set_pin_memory
+
+        refuse_shared_kv_layers(getattr(self, "shared_kv_cache_layers", {}))
+        set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         caches = self.kv_caches
         local_heads = (
             caches[0].shape[3] if layout is KVLayout.KV_BLOCK_SLOT_HEAD else caches[0].shape[1]
@@ -113,15 +118,15 @@ class RandKVRunnerMixin:
     # ------------------------------------------------------------------ before a step
 
     def randkv_before_step(self, scheduler_output: Any) -> None:
-        plan: RandKVStepPlan | None = getattr(scheduler_output, "randkv", None)
-        if plan is None:
+        if not isinstance(scheduler_output, RandKVSchedulerOutput):
             if scheduler_output.total_num_scheduled_tokens:
                 # Skipping a round on one rank would silently desynchronize its KV heads.
                 raise RuntimeError(
-                    "RandKV: this step's plan (SchedulerOutput.randkv) did not reach the "
+                    "RandKV: this step's plan (RandKVSchedulerOutput) did not reach the "
                     "worker; the engine must run randkv.vllm.scheduler.RandKVScheduler"
                 )
             return
+        plan = scheduler_output.randkv
         self.randkv_scheduler_counters = plan.scheduler_counters
         self._randkv_harvest_timings()
         for req_id in scheduler_output.finished_req_ids:
@@ -294,7 +299,7 @@ class RandKVWorkerMixin:
         super().init_device()
         config = config_from_vllm(self.vllm_config)
         if config is None:
-            raise ValueError("the RandKV worker needs additional_config['randkv']")
+            raise ValueError(NO_CONFIG.format(cls=type(self).__name__))
         self.randkv = config
         swap_class(self.model_runner, self.vllm_runner_cls, self.randkv_runner_cls)
 

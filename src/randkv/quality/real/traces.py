@@ -119,8 +119,9 @@ def _sentence_ends(tokenizer: Any, answer: list[int]) -> list[int]:
     return ends
 
 
-def _nearest(ends: list[int], target: int, low: int) -> int:
-    candidates = [e for e in ends if e >= low] or [target]
+def _nearest(ends: list[int], target: int, low: int, high: int) -> int:
+    """The sentence end in [low, high) nearest to `target` (`target` when there is none)."""
+    candidates = [e for e in ends if low <= e < high] or [target]
     return min(candidates, key=lambda e: abs(e - target))
 
 
@@ -154,9 +155,9 @@ def _splice(
     facts = _facts(index)
     ends = _sentence_ends(tokenizer, answer)
     n = len(answer)
-    inserts = {_nearest(ends, 24, 8): ["passcode"]}
+    inserts = {_nearest(ends, 24, 8, n): ["passcode"]}
     for share in (0.2, 0.4, 0.6, 0.8):
-        inserts.setdefault(_nearest(ends, int(share * n), 32), []).append("room")
+        inserts.setdefault(_nearest(ends, int(share * n), 32, n), []).append("room")
     ids = list(prompt)
     generated: list[int] = []
     stated: dict[str, list[int]] = {fact: [] for fact in facts}
@@ -197,13 +198,14 @@ def own_generations(
 
 
 def _same_length(traces: list[Trace]) -> list[Trace]:
-    """Cut the last answer tokens (never the questions) so that every trace is as long as
-    the shortest (prompts differ by a few tokens)."""
+    """Drop the answer's last own tokens (never a statement or a question) so that every
+    trace is as long as the shortest (prompts differ by a few tokens)."""
     length = min(len(t.ids) for t in traces)
     out = []
     for t in traces:
         cut = len(t.ids) - length
-        keep = [*range(t.body_end - cut), *range(t.body_end, len(t.ids))]
+        dropped = set(t.generated[len(t.generated) - cut :])  # the answer's last own tokens
+        keep = [i for i in range(len(t.ids)) if i not in dropped]
         new = {old: i for i, old in enumerate(keep)}
         out.append(
             Trace(
