@@ -142,7 +142,8 @@ def test_short_real_evaluation_writes_the_report(smol, tmp_path):
         document_prompt=16, generations=2, new_tokens=64,
         evictors=("dense", "randkv", "window", "h2o"),
     )  # fmt: skip
-    result = evaluate_real(config, out_dir=tmp_path, show_progress=False)
+    runs = tmp_path / "runs"
+    result = evaluate_real(config, out_dir=tmp_path, runs_dir=runs, show_progress=False)
     saved = json.loads((tmp_path / "real.json").read_text())
     assert saved["hypotheses"].keys() == {"H1", "H2", "H3", "H4"}
     assert "## Own generations" in (tmp_path / "real.md").read_text()
@@ -152,3 +153,45 @@ def test_short_real_evaluation_writes_the_report(smol, tmp_path):
     assert own[("window", 48)]["metrics"]["passcode_held"]["mean"] == 0.0
     assert own[("randkv", 48)]["metrics"]["kl"]["mean"] > 0.0
     assert len(result["parts"]["text"]["paired"]) == 2 * 2  # window, h2o x 2 budgets
+
+    # A second invocation takes every policy run from the store and reports the same numbers.
+    again = evaluate_real(config, out_dir=tmp_path / "again", runs_dir=runs, show_progress=False)
+    planned = 2 * 2 + 2 + 2  # randkv (2 budgets x 2 seeds), window and h2o (2 budgets each)
+    for part, count in {"text": planned, "own": planned}.items():
+        assert result["parts"][part]["reused_runs"] == 0
+        assert again["parts"][part]["reused_runs"] == count
+        assert again["parts"][part]["per_document"] == result["parts"][part]["per_document"]
+
+
+def test_run_store_keeps_a_run_only_for_the_same_traces(tmp_path):
+    from randkv.quality.real.run import ArmScores
+    from randkv.quality.real.store import RunStore
+    from randkv.quality.real.traces import Trace
+
+    traces = [Trace("a", [1, 2, 3, 4], 2), Trace("b", [5, 6, 7, 8], 2)]
+    scores = ArmScores(
+        "randkv", 48, 1, nll=torch.rand(2, 4), top1=torch.randint(0, 9, (2, 4)),
+        held={"passcode": [0.5, 1.0]}, rounds=[3, 4], eviction_seconds=0.25,
+    )  # fmt: skip
+    store = RunStore(tmp_path, "text", traces, buffer=8, context={"model": "m"})
+    assert store.load("randkv", 48, 1) is None
+    store.save(scores, 48, 1)
+    back = RunStore(tmp_path, "text", traces, buffer=8, context={"model": "m"}).load(
+        "randkv", 48, 1
+    )
+    assert back is not None and torch.equal(back.nll, scores.nll)
+    assert (back.held, back.rounds, back.kl, back.seed) == (
+        {"passcode": [0.5, 1.0]},
+        [3, 4],
+        None,
+        1,
+    )
+    assert store.load("randkv", 48, 2) is None  # another seed is another run
+    changed = [traces[0], Trace("b", [5, 6, 7, 9], 2)]  # one token differs
+    for other in (
+        RunStore(tmp_path, "text", changed, buffer=8, context={"model": "m"}),
+        RunStore(tmp_path, "text", traces, buffer=4, context={"model": "m"}),
+        RunStore(tmp_path, "text", traces, buffer=8, context={"model": "other"}),
+        RunStore(tmp_path, "own", traces, buffer=8, context={"model": "m"}),
+    ):
+        assert other.load("randkv", 48, 1) is None

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from randkv.models.cache import default_cache_dir
 from randkv.quality.arms import DENSE, find_arm
 from randkv.quality.model import load_model
 from randkv.quality.provenance import machine_record
@@ -26,6 +27,7 @@ from randkv.quality.real.stats import (
     position_bins,
     scored_mask,
 )
+from randkv.quality.real.store import RunStore
 from randkv.quality.real.traces import Trace, own_generations, text_windows
 from randkv.quality.report import write_result
 from randkv.quality.schedule import plan_runs
@@ -81,9 +83,15 @@ def evaluate_real(
     *,
     model_path: str | Path | None = None,
     out_dir: str | Path = "results/quality",
+    runs_dir: str | Path | None = None,
+    keep_runs: bool = True,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Run every arm at every budget on both parts; write real.json, real.md and real.png."""
+    """Run every arm at every budget on both parts; write real.json, real.md and real.png.
+
+    With `keep_runs`, each finished run is kept under `runs_dir` (default: the user cache's
+    ``quality-real-runs``; see `RunStore`) and reused by a later call with the same traces,
+    model, code and threads, so an interrupted evaluation resumes."""
     torch.set_num_threads(config.threads)
     for name in config.evictors:
         find_arm(name)
@@ -91,21 +99,31 @@ def evaluate_real(
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {list(PARTS)}")
     model, tokenizer, folder = _load(model_path)
+    model_record = _model_record(folder)
+    runs_root = (
+        Path(runs_dir) if runs_dir is not None else default_cache_dir() / "quality-real-runs"
+    )
+
+    def store(part: str, traces: list[Trace]) -> RunStore | None:
+        if not keep_runs:
+            return None
+        return RunStore(runs_root, part, traces, buffer=config.buffer, context=model_record)
+
     started = time.perf_counter()
     parts: dict[str, Any] = {}
     if "text" in config.parts:
         docs = text_windows(
             tokenizer, plays(), config.documents, config.document_tokens, config.document_prompt
         )
-        parts["text"] = _run_part("text", model, docs, config, show_progress)
+        parts["text"] = _run_part("text", model, docs, config, store("text", docs), show_progress)
     if "own" in config.parts:
         traces = own_generations(model, tokenizer, config.generations, config.new_tokens)
-        parts["own"] = _run_part("own", model, traces, config, show_progress)
+        parts["own"] = _run_part("own", model, traces, config, store("own", traces), show_progress)
     result = {
         "schema_version": REAL_SCHEMA_VERSION,
         "task": {"name": "real", "parts": list(config.parts)},
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()},
-        "model": _model_record(folder),
+        "model": model_record,
         "machine": machine_record(config.threads),
         "seconds": round(time.perf_counter() - started, 1),
         "parts": parts,
@@ -130,10 +148,15 @@ def _model_record(folder: Path) -> dict[str, Any]:
 
 
 def _run_part(
-    part: str, model: Any, traces: list[Trace], config: RealEvalConfig, show_progress: bool
+    part: str,
+    model: Any,
+    traces: list[Trace],
+    config: RealEvalConfig,
+    store: RunStore | None,
+    show_progress: bool,
 ) -> dict[str, Any]:
     """Dense first (its log-probabilities are the KL reference of own generations), then
-    every planned (policy, budget, seed)."""
+    every planned (policy, budget, seed), each taken from `store` when it has it."""
     own = part == "own"
     plan = [p for p in plan_runs(config.evictors, config.budgets, config.seeds, find_arm)
             if p[0] != DENSE]  # fmt: skip
@@ -142,16 +165,25 @@ def _run_part(
         buffer=config.buffer, seed=0, keep_logprobs=own,
     )  # fmt: skip
     runs: dict[tuple[str, int | None], list[ArmScores]] = {(DENSE, None): [dense]}
+    reused = 0
     for i, (name, budget, seed) in enumerate(plan):
+        scores = store.load(name, budget, seed) if store is not None else None
+        reused += scores is not None
         if show_progress:
-            print(f"[{part}] {i + 1}/{len(plan)} {name} K={budget} seed={seed}", flush=True)
-        scores, _ = score_arm(
-            model, traces, find_arm(name), name, budget=budget, buffer=config.buffer,
-            seed=seed, dense_logprobs=dense_logprobs,
-        )  # fmt: skip
+            note = " (saved run)" if scores is not None else ""
+            print(f"[{part}] {i + 1}/{len(plan)} {name} K={budget} seed={seed}{note}", flush=True)
+        if scores is None:
+            scores, _ = score_arm(
+                model, traces, find_arm(name), name, budget=budget, buffer=config.buffer,
+                seed=seed, dense_logprobs=dense_logprobs,
+            )  # fmt: skip
+            if store is not None:
+                store.save(scores, budget, seed)
         runs.setdefault((name, scores.budget), []).append(scores)
     del dense_logprobs
-    return _summarise(part, traces, runs, config)
+    if show_progress and store is not None:
+        print(f"[{part}] {reused} of {len(plan)} runs from {store.folder}", flush=True)
+    return {**_summarise(part, traces, runs, config), "reused_runs": reused}
 
 
 def _summarise(

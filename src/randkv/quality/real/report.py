@@ -67,12 +67,14 @@ def _metric(row: dict[str, Any] | None, name: str, digits: int = 3) -> str:
 
 def real_markdown(result: dict[str, Any]) -> str:
     config = result["config"]
+    reused = sum(part.get("reused_runs", 0) for part in result["parts"].values())
+    resumed = f", {reused} runs taken from an interrupted earlier invocation" if reused else ""
     lines = [
         "# Real model: SmolLM2-135M-Instruct (float32)",
         "",
         f"r = {config['buffer']}; RandKV over seeds {config['seeds']}; 95% bootstrap CIs over "
         f"documents; paired: policy - RandKV, t-test, Holm per part. {result['seconds']} s on "
-        f"{result['machine']['processor']} ({result['machine']['threads']} threads).",
+        f"{result['machine']['processor']} ({result['machine']['threads']} threads{resumed}).",
         "",
     ]
     text = result["parts"].get("text")
