@@ -22,7 +22,8 @@ def time_calls(fn: Callable[[], Any], *, repeats: int, warmup: int = 2) -> dict[
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "repeats": repeats}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), else what `platform` knows."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             for line in info:
@@ -37,7 +38,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     import torch
 
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": threads if threads is not None else torch.get_num_threads(),
         "python": platform.python_version(),

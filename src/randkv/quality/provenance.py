@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from randkv.bench.timing import cpu_model
+
 
 def model_record(model_folder: Path) -> dict[str, Any]:
     """The checkpoint's path and its training record (without the loss history)."""
@@ -23,7 +25,8 @@ def model_record(model_folder: Path) -> dict[str, Any]:
 def machine_record(threads: int) -> dict[str, Any]:
     return {
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": cpu_model(),
+        "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "threads": threads,
