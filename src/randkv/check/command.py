@@ -16,7 +16,12 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="randkv check", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, default=Path("results/randkv-check.json"))
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("results/randkv-check.json"),
+        help="where every line's details go (default: results/randkv-check.json)",
+    )
     parser.add_argument("--model", default=None, help="vLLM lines: model (default: tiny)")
     parser.add_argument("--no-engine", action="store_true", help="skip the vLLM engine runs")
     parser.add_argument(
