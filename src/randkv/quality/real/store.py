@@ -11,6 +11,7 @@ crash never leaves a half-written run behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from randkv.quality.real.traces import Trace
 __all__ = ["RunStore", "source_digest"]
 
 
+@functools.cache  # once per process: the code this process runs is the code it started with
 def source_digest() -> str:
     """sha256 over the installed randkv package's Python files (paths and contents)."""
     root = Path(randkv.__file__).parent
