@@ -68,7 +68,7 @@ def _metric(row: dict[str, Any] | None, name: str, digits: int = 3) -> str:
 def real_markdown(result: dict[str, Any]) -> str:
     config = result["config"]
     reused = sum(part.get("reused_runs", 0) for part in result["parts"].values())
-    resumed = f", {reused} runs taken from an interrupted earlier invocation" if reused else ""
+    resumed = f", {reused} runs saved by an earlier invocation" if reused else ""
     lines = [
         "# Real model: SmolLM2-135M-Instruct (float32)",
         "",

@@ -1,5 +1,6 @@
-"""Finished runs of the real-model study, kept on disk so that a long evaluation that stops
-part-way (the full run takes hours on a CPU) resumes where it stopped.
+"""Finished runs of the real-model study, kept on disk so that an evaluation that stops
+part-way (the full run takes half an hour on two CPU cores, more with larger settings)
+resumes where it stopped.
 
 Runs are kept per part in a folder named by a fingerprint of everything a run's numbers
 depend on: the exact token sequences of the part (so regenerated answers that differ in one
