@@ -178,7 +178,10 @@ def add_quality_commands(commands: Any) -> None:
     ev.add_argument("--buffer", type=int, default=None, help="r (default 8; ledger 4; real 16)")
     ev.add_argument("--seeds", type=_ints, default=defaults.seeds, help="eviction seeds: 0,1,2")
     ev.add_argument(
-        "--problems", type=int, default=None, help="default 128 (real: documents and answers, 8)"
+        "--problems",
+        type=int,
+        default=None,
+        help="default 128 (real: 8 text documents and 24 own answers; N sets both)",
     )
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")

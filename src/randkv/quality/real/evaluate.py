@@ -59,7 +59,7 @@ class RealEvalConfig:
     documents: int = 8
     document_tokens: int = 2048
     document_prompt: int = 64
-    generations: int = 8
+    generations: int = 24
     new_tokens: int = 768
     evictors: tuple[str, ...] = (DENSE, *COMPARED)
     parts: tuple[str, ...] = PARTS

@@ -35,6 +35,22 @@ INSTRUCTIONS: tuple[str, ...] = (
     "Explain the water cycle to a curious student, with many examples.",
     "Write a detailed diary of a week spent living in a mountain village.",
     "Describe the history of the printing press and how it changed the world.",
+    "Write a long adventure story about two friends who get lost in a desert.",
+    "Explain in detail how bread is made, from the wheat field to the bakery.",
+    "Write a long letter from a grandmother to her grandson about her childhood.",
+    "Describe, step by step, how to build a small wooden boat.",
+    "Tell a long story about a robot who learns to paint.",
+    "Explain how a city gets its drinking water, with many details.",
+    "Write a detailed travel guide to an imaginary island.",
+    "Describe the life of a honeybee colony through one whole year.",
+    "Write a long mystery story about a missing painting in a small museum.",
+    "Explain in detail how trains work and how a railway is run.",
+    "Write a long speech a teacher gives on the last day of school.",
+    "Describe, step by step, how to cook a large family dinner for a holiday.",
+    "Tell a long legend about a mountain that could sing.",
+    "Explain the seasons of the year to a child, with many examples.",
+    "Write a detailed diary of a scientist spending a winter in Antarctica.",
+    "Describe how a small town changed over one hundred years.",
 )
 
 
