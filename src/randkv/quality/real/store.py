@@ -1,5 +1,5 @@
 """Finished runs of the real-model study, kept on disk so that an evaluation that stops
-part-way (the full run takes half an hour on two CPU cores, more with larger settings)
+part-way (the full default run takes about an hour on two CPU cores)
 resumes where it stopped.
 
 Runs are kept per part in a folder named by a fingerprint of everything a run's numbers
