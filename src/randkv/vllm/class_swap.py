@@ -26,7 +26,7 @@ def swap_class(obj: Any, expected: type, replacement: type) -> None:
     if type(obj) is not expected:
         raise UnsupportedModeError(
             f"RandKV extends vLLM's {_name(expected)}, but this engine built a "
-            f"{_name(type(obj))}; RandKV supports vLLM 0.28.0's default classes only "
-            "(check VLLM_USE_V2_MODEL_RUNNER=0 and that no plugin replaced this class)"
+            f"{_name(type(obj))}; RandKV supports vLLM's own classes only (check that no "
+            "other plugin replaced this class)"
         )
     obj.__class__ = replacement

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from randkv.config import RandKVConfig
+from randkv.vllm.compat.runner import V2_RUNNER_ENV, has_v1_runner
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.refusals import (
     UnsupportedModeError,
@@ -24,20 +25,21 @@ __all__ = [
 SCHEDULER_CLS = "randkv.vllm.scheduler.RandKVScheduler"
 CPU_WORKER_CLS = "randkv.vllm.worker.RandKVCPUWorker"
 GPU_WORKER_CLS = "randkv.vllm.gpu_worker.RandKVGPUWorker"
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 #: Engine arguments RandKV fills in itself.
 INSTALLED_ENGINE_ARGS = ("scheduler_cls", "worker_cls", "additional_config", "async_scheduling")
 
 
 def use_v1_model_runner() -> None:
-    """Make vLLM pick its V1 model runner (RandKV hooks into it), or refuse a user's V2 choice.
+    """Make vLLM pick its V1 model runner where it has one, or refuse a user's V2 choice.
 
-    vLLM 0.28.0 picks the V2 runner by default on CUDA for dense models. The choice is an
-    environment variable read in every engine process, so it is set in this process before
+    vLLM 0.28 and 0.32 pick the V2 runner by default on CUDA for dense models. The choice is
+    an environment variable read in every engine process, so it is set in this process before
     the engine starts (spawned processes inherit it); it then also applies to other engines
-    this process starts.
+    this process starts. vLLM 0.34 has only V2 (and refuses the variable set to 0).
     """
+    if not has_v1_runner():
+        return
     value = os.environ.get(V2_RUNNER_ENV)
     if value is not None and value.strip().lower() in ("1", "true"):
         raise UnsupportedModeError(

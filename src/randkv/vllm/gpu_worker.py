@@ -1,23 +1,24 @@
 """RandKV's vLLM GPU worker (`worker_cls="randkv.vllm.gpu_worker.RandKVGPUWorker"`).
 
-Never imports `vllm.v1.worker.cpu_*` (see `randkv.vllm.worker_base`). Supported KV layout:
-vLLM 0.28.0's FlashAttention / FlashInfer / Triton attention backends, logical shape
-(num_blocks, num_kv_heads, block_size, 2 * head_size) in NHD or HND stride order, one kernel
-block per allocation block. Anything else is refused at start-up.
+Never imports `vllm.v1.worker.cpu_*` (see `randkv.vllm.worker_base`), nor a model runner
+module (`randkv.vllm.runners` picks RandKV's runner for the one vLLM built). Supported KV
+layouts: vLLM's FlashAttention / FlashInfer / Triton attention backends, logical shape
+(num_blocks, num_kv_heads, block_size, 2 * head_size) in NHD or HND stride order, or split
+K/V (2, num_blocks, block_size, num_kv_heads, head_size), one kernel block per allocation
+block. Anything else is refused at start-up.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker_base import RandKVRunnerMixin, RandKVWorkerMixin, logger
+from randkv.vllm.worker_base import RandKVWorkerMixin, logger
 
-__all__ = ["RandKVGPUModelRunner", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
+__all__ = ["GPURunnerMixin", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
 
 # vLLM 0.28.0 picks the backend with an engine argument (arg_utils.py), not an env var.
 _ADVICE = (
@@ -26,7 +27,10 @@ _ADVICE = (
 )
 
 
-class RandKVGPUModelRunner(RandKVRunnerMixin, GPUModelRunner):
+class GPURunnerMixin:
+    """The GPU's additions to RandKV's runner (either runner kind): the Triton compactor,
+    and every Triton variant compiled at start-up."""
+
     def randkv_setup(self, config: Any, layout: KVLayout) -> None:
         super().randkv_setup(config, layout)
         # Runs in initialize_from_config, before the engine reports ready: the Triton
@@ -102,8 +106,7 @@ def gpu_kv_layout(
 
 
 class RandKVGPUWorker(RandKVWorkerMixin, Worker):
-    vllm_runner_cls = GPUModelRunner
-    randkv_runner_cls = RandKVGPUModelRunner
+    randkv_platform_mixins = (GPURunnerMixin,)
 
     def determine_available_memory(self) -> int:
         """vLLM's KV budget minus what a RandKV step allocates after profiling (planner
@@ -123,13 +126,10 @@ class RandKVGPUWorker(RandKVWorkerMixin, Worker):
 
     def randkv_layout(self) -> KVLayout:
         runner = self.model_runner
-        cache = runner.kv_caches[0]
-        groups = runner.attn_groups
-        backend = groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
         return gpu_kv_layout(
-            tuple(cache.shape),
+            tuple(runner.kv_caches[0].shape),
             self.cache_config.block_size,
-            runner.input_batch.block_table[0].blocks_per_kv_block,
-            backend,
+            runner.randkv_kernel_blocks_per_block(),
+            runner.randkv_attention_backend_name(),
             len(runner.kv_cache_config.kv_cache_groups),
         )

@@ -19,12 +19,18 @@ from vllm.v1.core.sched.output import SchedulerOutput
 @dataclass(frozen=True)
 class RoundDirective:
     """Apply one round to a request before this step's forward pass, then keep only the
-    first `keep_blocks` of its blocks (the scheduler freed the rest)."""
+    first `keep_blocks` of its blocks (the scheduler freed the rest).
+
+    `block_ids` are the request's blocks as the round finds them (slots [0, K + 2r)), so a
+    worker needs no block table of its own to compact: vLLM's V2 runner keeps block ids on
+    the device only.
+    """
 
     round_index: int
     keep_blocks: int
     prompt_length: int
     request_key: int
+    block_ids: tuple[int, ...]
 
 
 @dataclass

@@ -5,8 +5,9 @@ A deployment turns RandKV on with `additional_config={"randkv": {...}}` (`vllm s
 `randkv serve` put the `RandKVConfig` they parsed there themselves. The value is coerced
 once, where it enters (those two, or the plugin when vLLM builds its configuration); the
 plugin then gives the `VllmConfig` a `RandKVAdditionalConfig` carrying that `RandKVConfig`.
-vLLM declares `additional_config` as `dict | SupportsHash` for out-of-tree settings and
-pickles it with the `VllmConfig` into every engine and worker process, so the scheduler, the
+vLLM declares `additional_config` for out-of-tree settings (`dict | SupportsHash` up to 0.32,
+`dict | SupportsCompileFactors` in 0.34; the typed value has both methods) and pickles it
+with the `VllmConfig` into every engine and worker process, so the scheduler, the
 workers, the KV cache spec and the front door read the typed value (`config_from_vllm`);
 none parses it again.
 
@@ -46,8 +47,9 @@ class RandKVAdditionalConfig(Mapping[str, Any]):
     "randkv" as the `RandKVConfig` parsed where they entered, the other entries unchanged.
 
     A read-only mapping, so other plugins still `.get` their entries (and it compares equal
-    to the plain dict of the same entries); vLLM hashes it with `compute_hash` (its
-    `SupportsHash` protocol) where it would dump a plain dict as JSON.
+    to the plain dict of the same entries); where vLLM would dump a plain dict as JSON it
+    hashes this with `compute_hash` (its `SupportsHash` protocol, up to 0.32) or reads
+    `compile_factors` (`SupportsCompileFactors`, 0.34).
     """
 
     randkv: RandKVConfig
@@ -70,10 +72,15 @@ class RandKVAdditionalConfig(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self.others) + 1
 
+    def compile_factors(self) -> dict[str, object]:
+        """The plain dict of every entry, RandKV's settings as their fields (vLLM 0.34 keys
+        compile caches and the server fingerprint on it)."""
+        return {**self.others, ADDITIONAL_CONFIG_KEY: asdict(self.randkv)}
+
     def compute_hash(self) -> str:
-        """A digest of every entry (vLLM keys compile caches and the server fingerprint on
-        it): the JSON of the plain dict, RandKV's settings as their fields."""
-        plain = {**self.others, ADDITIONAL_CONFIG_KEY: asdict(self.randkv)}
+        """A digest of every entry (vLLM up to 0.32 keys compile caches and the server
+        fingerprint on it): the JSON of `compile_factors()`."""
+        plain = self.compile_factors()
         return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()
 
 

@@ -11,7 +11,9 @@ scheduler, the worker for the platform, synchronous scheduling and vLLM's V1 mod
 user's contrary choice is refused with the setting to change), installs RandKV's front-door
 checks (`randkv.vllm.front_door`), and leaves the parsed config on the `VllmConfig` it
 returns, where every engine process reads it (`randkv.vllm.options`). Without "randkv" the
-wrap passes straight through. Under any vLLM but 0.28.0 `register` does nothing at all.
+wrap passes straight through, under any vLLM. Under a vLLM release RandKV does not support
+(`randkv.vllm.versions`), asking for RandKV fails with the supported releases and the command
+that installs one, never silently serves plain vLLM.
 """
 
 from __future__ import annotations
@@ -32,17 +34,11 @@ METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 def register() -> None:
     """The `vllm.general_plugins` entry point (idempotent)."""
     try:
-        import vllm
         from vllm.engine.arg_utils import EngineArgs
     except ImportError:  # pragma: no cover - vLLM is what loads this
         return
-    from randkv.vllm.compat import SUPPORTED_VLLM
-
-    if getattr(vllm, "__version__", "").split("+")[0] != SUPPORTED_VLLM:
-        logger.debug("RandKV plugin inactive: it supports vLLM %s only", SUPPORTED_VLLM)
-        return
-    create = EngineArgs.create_engine_config
-    if getattr(create, "__randkv_wrapped__", False):
+    create = getattr(EngineArgs, "create_engine_config", None)
+    if create is None or getattr(create, "__randkv_wrapped__", False):
         return
     EngineArgs.create_engine_config = _with_randkv(create)
 
@@ -74,6 +70,9 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVCon
     config = RandKVConfig.coerce(options)  # the one parse (a RandKVConfig passes as it is)
     if config is None:
         return None
+    from randkv.vllm.versions import check_vllm_version
+
+    check_vllm_version()  # refuses an unsupported release before anything else happens
     from randkv.vllm import front_door
     from randkv.vllm.engine_args import (
         INSTALLED_ENGINE_ARGS,

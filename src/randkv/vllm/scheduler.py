@@ -69,6 +69,7 @@ class RandKVCacheManager(KVCacheManager):
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),  # vLLM >= 0.32; KV connectors only
     ):
         state = self.rounds[request.request_id]
         config, block_size = self.randkv, self.block_size
@@ -105,6 +106,8 @@ class RandKVCacheManager(KVCacheManager):
         if to_allocate + watermark > free:
             return None
         if prefix_hits:
+            # Not forwarded: skip_zeroing_group_ids concerns blocks a KV connector loads
+            # (refused with RandKV), and vLLM 0.28's coordinator has no such keyword.
             self.coordinator.allocate_new_computed_blocks(
                 request_id=request.request_id,
                 new_computed_blocks=new_computed_blocks.blocks,
@@ -119,6 +122,7 @@ class RandKVCacheManager(KVCacheManager):
                 keep_blocks=keep,
                 prompt_length=prompt,
                 request_key=state.request_key,
+                block_ids=tuple(block.block_id for block in request_blocks),
             )
             state.rounds_applied = rounds
             if held > keep:

@@ -1,4 +1,4 @@
-"""`randkv serve MODEL [RandKV options] [any vllm serve flag]`: vLLM 0.28.0's OpenAI-compatible
+"""`randkv serve MODEL [RandKV options] [any vllm serve flag]`: vLLM's OpenAI-compatible
 server with RandKV on (through the same path as the plugin, `randkv.vllm.plugin`), and
 RandKV's series on /metrics.
 
@@ -98,11 +98,10 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         raise SystemExit(f"randkv serve: {error}") from error
 
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-
+    from randkv.vllm.compat.entrypoints import find_cli_env_setup
     from randkv.vllm.engine_args import UnsupportedModeError
 
-    cli_env_setup()
+    find_cli_env_setup()()
     parser, command = build_serve_parser()
     args = parser.parse_args(["serve", *rest])
     command.validate(args)

@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from randkv.vllm.compat.queues import num_waiting
+
 TIMELINE_ENV = "RANDKV_TIMELINE"
 
 
@@ -31,7 +33,7 @@ class TimelineMixin:
         if self._timeline is not None:
             pool = self.kv_cache_manager.block_pool
             used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # minus the null block
-            waiting = len(self.waiting) + len(getattr(self, "skipped_waiting", ()))
+            waiting = num_waiting(self)
             self._timeline.write(f"{time.time():.6f} {len(self.running)} {waiting} {used}\n")
         return output
 

@@ -7,35 +7,22 @@ worker package, which patches torch's CUDA API process-wide.
 from __future__ import annotations
 
 import torch
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from randkv.compactor import KVLayout
+from randkv.vllm.compat.cpu_attention import VEC_ISAS, attention_isas
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.worker_base import (
     TRACK_POSITIONS_ENV,
-    RandKVRunnerMixin,
     RandKVWorkerMixin,
     RequestRecord,
     logger,
 )
 
-__all__ = [
-    "TRACK_POSITIONS_ENV",
-    "RandKVCPUModelRunner",
-    "RandKVCPUWorker",
-    "RequestRecord",
-]
-
-
-class RandKVCPUModelRunner(RandKVRunnerMixin, CPUModelRunner):
-    pass
+__all__ = ["TRACK_POSITIONS_ENV", "RandKVCPUWorker", "RequestRecord", "cpu_kv_layout"]
 
 
 class RandKVCPUWorker(RandKVWorkerMixin, CPUWorker):
-    vllm_runner_cls = CPUModelRunner
-    randkv_runner_cls = RandKVCPUModelRunner
-
     def init_device(self) -> None:
         super().init_device()
         in_process = self.vllm_config.parallel_config.distributed_executor_backend == "uni"
@@ -52,12 +39,24 @@ class RandKVCPUWorker(RandKVWorkerMixin, CPUWorker):
 
     def randkv_layout(self) -> KVLayout:
         context = self.vllm_config.compilation_config.static_forward_context
-        isas = {getattr(getattr(layer, "impl", None), "isa", None) for layer in context.values()}
-        isas.discard(None)
-        if not isas <= {"vec", "vec16"}:
-            raise UnsupportedModeError(
-                f"RandKV supports vLLM's CPU attention kernels 'vec'/'vec16'; this engine uses "
-                f"{sorted(isas)} (AMX/NEON pack KV differently). Use float32/float16, or a "
-                "block_size that is not a multiple of 32 on AMX machines."
-            )
-        return KVLayout.VLLM_CPU_VEC
+        return cpu_kv_layout(attention_isas(context))
+
+
+def cpu_kv_layout(isas: dict[str, str | None]) -> KVLayout:
+    """The compactor layout for vLLM CPU attention layers with these ISAs (layer -> ISA), or
+    UnsupportedModeError: only the `vec`/`vec16` kernels' layout is known to RandKV."""
+    unknown = sorted(name for name, isa in isas.items() if isa is None)
+    if unknown or not isas:
+        raise UnsupportedModeError(
+            "RandKV cannot tell which CPU attention kernel this vLLM uses (no ISA found on "
+            f"layers {unknown[:3]}), so it cannot know how KV is packed; this vLLM release "
+            "is not supported (see randkv.vllm.versions)"
+        )
+    found = set(isas.values())
+    if not found <= VEC_ISAS:
+        raise UnsupportedModeError(
+            f"RandKV supports vLLM's CPU attention kernels 'vec'/'vec16'; this engine uses "
+            f"{sorted(found)} (AMX/NEON pack KV differently). Use float32/float16, or a "
+            "block_size that is not a multiple of 32 on AMX machines."
+        )
+    return KVLayout.VLLM_CPU_VEC

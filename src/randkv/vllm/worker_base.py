@@ -1,10 +1,15 @@
-"""What RandKV's CPU and GPU workers share: compaction before the forward pass, physical
-attention lengths with absolute RoPE positions, per-request records.
+"""What RandKV's workers share, on every platform and model runner: rounds applied before
+the forward pass, per-request records, statistics.
+
+The parts that depend on vLLM's model runner (where block tables and attention inputs live)
+are in `randkv.vllm.runner_v1` and `randkv.vllm.runner_v2`, the platform parts in
+`randkv.vllm.worker` (CPU) and `randkv.vllm.gpu_worker` (GPU); `randkv.vllm.runners`
+assembles a runner class from them for the vLLM runner an engine built.
 
 This module must never import `vllm.v1.worker.cpu_*` (directly or through another module):
 vLLM's CPU worker package replaces torch's CUDA stream and event API process-wide when
-imported, which would break a GPU worker. `randkv.vllm.worker` (CPU) and
-`randkv.vllm.gpu_worker` (GPU) add the platform parts.
+imported, which would break a GPU worker. Nor does it import a model runner module: vLLM
+0.34 has no V1 runner, 0.28 no V2 one.
 """
 
 from __future__ import annotations
@@ -20,14 +25,13 @@ from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from randkv.cadence import physical_lengths, rounds_completed
+from randkv.cadence import physical_lengths
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.config import RandKVConfig
 from randkv.planner import RoundPlanner
 from randkv.slotmap import SlotPositionMap
-from randkv.vllm.class_swap import swap_class
 from randkv.vllm.kv_spec import RandKVFullAttentionSpec
-from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan
+from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
@@ -53,7 +57,25 @@ class RequestRecord:
 
 
 class RandKVRunnerMixin:
-    """Added to vLLM's model runner at start-up (see `RandKVWorkerMixin.init_device`)."""
+    """Added to vLLM's model runner at start-up (see `RandKVWorkerMixin.init_device`).
+
+    A runner mixin (`runner_v1.V1RunnerMixin`, `runner_v2.V2RunnerMixin`) supplies the
+    hooks below that read or change vLLM's runner state; attention inputs (physical slots and
+    lengths) are the runner mixin's own business.
+    """
+
+    # ------------------------------------------------------------------ runner hooks
+
+    def randkv_shared_kv_layers(self) -> dict[str, str]:
+        """Layer -> the layer whose KV cache it reads, for vLLM's cross-layer KV sharing."""
+        raise NotImplementedError
+
+    def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
+        """Drop the blocks past each directive's `keep_blocks` from the runner's block
+        tables (the scheduler freed them), before this step appends new blocks."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ start-up
 
     def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
         from vllm.distributed import (
@@ -64,7 +86,7 @@ class RandKVRunnerMixin:
 
         from randkv.hostsync import set_pin_memory
 
-        refuse_shared_kv_layers(getattr(self, "shared_kv_cache_layers", {}))
+        refuse_shared_kv_layers(self.randkv_shared_kv_layers())
         set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         caches = self.kv_caches
         local_heads = (
@@ -144,7 +166,7 @@ class RandKVRunnerMixin:
     def _randkv_apply_rounds(self, plan: RandKVStepPlan) -> None:
         req_ids = list(plan.directives)
         directives = [plan.directives[r] for r in req_ids]
-        block_lists = [self.requests[r].block_ids[0] for r in req_ids]
+        block_lists = [d.block_ids for d in directives]
         width = max(len(b) for b in block_lists)
         # Host data: the compactor copies it to the device without a sync.
         block_tables = torch.zeros((len(req_ids), width), dtype=torch.int64)
@@ -169,13 +191,8 @@ class RandKVRunnerMixin:
         self.randkv_metrics.add(
             "kv_bytes_moved", self.randkv_compactor.moved_bytes(round_plan, self.kv_caches)
         )
-        table = self.input_batch.block_table[0]
+        self.randkv_forget_tail_blocks(plan.directives)
         for row, (req_id, directive) in enumerate(zip(req_ids, directives, strict=True)):
-            # The scheduler freed the tail blocks; forget them before new ones are appended.
-            del block_lists[row][directive.keep_blocks :]
-            index = self.input_batch.req_id_to_index.get(req_id)
-            if index is not None:
-                table.num_blocks_per_row[index] = directive.keep_blocks
             slot_map = self.randkv_slot_maps.get(req_id)
             if slot_map is not None:  # debug aid: reads the plan back to the host
                 slot_map.apply_round(round_plan.evicted[row], round_plan.sources)
@@ -224,36 +241,6 @@ class RandKVRunnerMixin:
                 self.randkv_slot_maps.popitem(last=False)
         slot_map.append(count)
 
-    # ------------------------------------------------------------------ inputs
-
-    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
-        result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
-        self.randkv_physical_inputs(scheduler_output)
-        return result
-
-    def randkv_physical_inputs(self, scheduler_output: Any) -> None:
-        """After vLLM's inputs: physical slots and lengths for attention, while RoPE keeps the
-        absolute positions. Computed on the device from vLLM's persistent buffers (no host
-        sync, no host-to-device copy), written into the same buffers vLLM uses, so a full
-        CUDA graph replays with physical lengths."""
-        num_reqs = self.input_batch.num_reqs
-        # Host copy of the same counts: decide on the host whether any request is shifted.
-        seen_host = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype("int64")
-        if not rounds_completed(self.randkv, seen_host).any():
-            return
-        seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
-        shift = seen - physical_lengths(self.randkv, seen)  # r per round fired
-        total = scheduler_output.total_num_scheduled_tokens
-        per_token = shift[self.req_indices.gpu[:total].to(torch.int64)]
-        positions = self.positions[:total] - per_token
-        self.input_batch.block_table.compute_slot_mapping(
-            num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions
-        )
-        self.seq_lens[:num_reqs] -= shift.to(self.seq_lens.dtype)
-        # vLLM's host copy of the lengths (max_seq_len, sampling masks), shifted alike.
-        shift_host = torch.from_numpy(seen_host - physical_lengths(self.randkv, seen_host))
-        self.optimistic_seq_lens_cpu[:num_reqs] -= shift_host.to(self.optimistic_seq_lens_cpu.dtype)
-
     # ------------------------------------------------------------------ observability
 
     def randkv_stats(self) -> dict[str, Any]:
@@ -289,11 +276,10 @@ class RandKVRunnerMixin:
 
 
 class RandKVWorkerMixin:
-    """Shared by the CPU and GPU workers; `vllm_runner_cls` is the exact vLLM runner class
-    the platform builds and `randkv_runner_cls` RandKV's subclass of it."""
+    """Shared by the CPU and GPU workers; `randkv_platform_mixins` are the platform's
+    additions to the model runner (the GPU's Triton compactor and start-up compile)."""
 
-    vllm_runner_cls: type
-    randkv_runner_cls: type
+    randkv_platform_mixins: tuple[type, ...] = ()
 
     def init_device(self) -> None:
         super().init_device()
@@ -301,7 +287,9 @@ class RandKVWorkerMixin:
         if config is None:
             raise ValueError(NO_CONFIG.format(cls=type(self).__name__))
         self.randkv = config
-        swap_class(self.model_runner, self.vllm_runner_cls, self.randkv_runner_cls)
+        from randkv.vllm.runners import adopt_model_runner
+
+        adopt_model_runner(self.model_runner, self.randkv_platform_mixins)
 
     def get_kv_cache_spec(self) -> dict[str, Any]:
         specs = super().get_kv_cache_spec()

@@ -1,0 +1,16 @@
+"""Where vLLM releases differ, in one place: one small module per behaviour.
+
+RandKV's scheduler and workers call these instead of testing versions. Each reads what the
+running release has (by name, not by version number), so a release that moves a thing again
+fails a `randkv.vllm.drift` check before it can change a decision:
+
+- `cpu_attention`: the ISA of vLLM's CPU attention kernels (on the kernel object up to 0.28,
+  on the attention layer from 0.32).
+- `queues`: how many requests wait (one queue plus `skipped_waiting` up to 0.28,
+  `get_request_counts()` from 0.32).
+- `entrypoints`: `cli_env_setup`, which moved to `vllm.entrypoints.common.startup` in 0.34.
+- `runner`: which model runner an engine uses (V1 up to 0.32, V2 in 0.32 and alone in 0.34)
+  and the environment variable that picks it.
+- `kv_sharing`: the layers that share another layer's KV cache (a runner attribute on V1,
+  `attn_utils.get_shared_kv_cache_layers` on V2).
+"""

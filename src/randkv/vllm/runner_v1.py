@@ -1,0 +1,68 @@
+"""RandKV on vLLM's V1 model runner (`vllm.v1.worker.gpu_model_runner.GPUModelRunner` and its
+CPU subclass; vLLM 0.28 and 0.32, removed in 0.34).
+
+Two seams: the worker's copy of each request's block ids and its block table rows, trimmed
+when a round frees tail blocks, and `_prepare_inputs`, after which attention's slot mapping
+and sequence lengths are rewritten to physical values while RoPE keeps absolute positions.
+Imports no vLLM runner module: `randkv.vllm.runners` combines this mixin with the runner
+class the engine built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from randkv.cadence import physical_lengths, rounds_completed
+from randkv.vllm.messages import RoundDirective
+from randkv.vllm.worker_base import RandKVRunnerMixin
+
+
+class V1RunnerMixin(RandKVRunnerMixin):
+    def randkv_shared_kv_layers(self) -> dict[str, str]:
+        return dict(getattr(self, "shared_kv_cache_layers", {}))
+
+    def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
+        table = self.input_batch.block_table[0]
+        for req_id, directive in directives.items():
+            # The worker's own list of the request's blocks, which new blocks extend.
+            del self.requests[req_id].block_ids[0][directive.keep_blocks :]
+            index = self.input_batch.req_id_to_index.get(req_id)
+            if index is not None:
+                table.num_blocks_per_row[index] = directive.keep_blocks
+
+    def randkv_kernel_blocks_per_block(self) -> int:
+        return self.input_batch.block_table[0].blocks_per_kv_block
+
+    def randkv_attention_backend_name(self) -> str:
+        groups = self.attn_groups
+        return groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
+
+    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+        result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        self.randkv_physical_inputs(scheduler_output)
+        return result
+
+    def randkv_physical_inputs(self, scheduler_output: Any) -> None:
+        """After vLLM's inputs: physical slots and lengths for attention, while RoPE keeps the
+        absolute positions. Computed on the device from vLLM's persistent buffers (no host
+        sync, no host-to-device copy), written into the same buffers vLLM uses, so a full
+        CUDA graph replays with physical lengths."""
+        num_reqs = self.input_batch.num_reqs
+        # Host copy of the same counts: decide on the host whether any request is shifted.
+        seen_host = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype("int64")
+        if not rounds_completed(self.randkv, seen_host).any():
+            return
+        seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
+        shift = seen - physical_lengths(self.randkv, seen)  # r per round fired
+        total = scheduler_output.total_num_scheduled_tokens
+        per_token = shift[self.req_indices.gpu[:total].to(torch.int64)]
+        positions = self.positions[:total] - per_token
+        self.input_batch.block_table.compute_slot_mapping(
+            num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions
+        )
+        self.seq_lens[:num_reqs] -= shift.to(self.seq_lens.dtype)
+        # vLLM's host copy of the lengths (max_seq_len, sampling masks), shifted alike.
+        shift_host = torch.from_numpy(seen_host - physical_lengths(self.randkv, seen_host))
+        self.optimistic_seq_lens_cpu[:num_reqs] -= shift_host.to(self.optimistic_seq_lens_cpu.dtype)
