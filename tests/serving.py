@@ -12,8 +12,8 @@ from randkv import RandKVConfig
 CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=5)
 ENGINE_ARGS = {
     "dtype": "float32",
-    "block_size": 16,
-    "num_gpu_blocks_override": 64,
+    "block_size": 32,  # vLLM 0.32's CPU attention takes multiples of 32 only
+    "num_gpu_blocks_override": 32,
     "gpu_memory_utilization": 0.2,
     "max_model_len": 8192,  # the cancelled request asks for far more than it gets
     "max_num_seqs": 8,

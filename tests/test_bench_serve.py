@@ -194,8 +194,8 @@ def bench_run(tiny_model_path, tmp_path_factory):
         model=str(tiny_model_path),
         workload=WORKLOAD,
         randkv=CONFIG,
-        pool_blocks=26,  # 25 usable: 6 RandKV requests need 6 x 4, plain ones up to 6 x 16
-        block_size=16,
+        pool_blocks=14,  # 13 usable: 6 RandKV requests need 6 x 2, plain ones up to 6 x 8
+        block_size=32,
         max_num_seqs=6,
         results_dir=tmp_path_factory.mktemp("bench-serve"),
     )
@@ -241,7 +241,7 @@ def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_pa
     per_request = -(-CONFIG.max_physical_length // bench.block_size)
     assert ours["kv_blocks_peak"] <= WORKLOAD.requests * per_request
     # Plain vLLM's requests together outgrow the pool, so it must preempt.
-    full = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // 16) for r in requests)
+    full = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // bench.block_size) for r in requests)
     assert full > bench.pool_blocks - 1
     assert plain["preemptions"] > 0 and ours["preemptions"] == 0
     assert plain["kv_blocks_peak"] > ours["kv_blocks_peak"]

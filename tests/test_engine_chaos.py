@@ -42,8 +42,8 @@ from randkv.spec import num_rounds, physical_length, slot_positions  # noqa: E40
 
 pytestmark = pytest.mark.engine
 
-CONFIG = RandKVConfig(budget=48, buffer_size=8, seed=11)  # K + 2r = 64 tokens = 4 blocks
-BLOCK = 16
+CONFIG = RandKVConfig(budget=96, buffer_size=16, seed=11)  # K + 2r = 128 tokens = 4 blocks
+BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 POOL_BLOCKS = 24  # 23 usable: 8 running requests at K + 2r would need 32
 MAX_SEQS = 8
 MAX_BLOCKS_PER_REQUEST = -(-CONFIG.max_physical_length // BLOCK)
@@ -64,7 +64,7 @@ class Mode:
 MODES = {
     "fcfs-chunked": Mode("fcfs-chunked", "fcfs", 40, seeded=False),
     # 8 requests x (K + 2r) tokens: the token budget never splits a chunk.
-    "priority-seeded": Mode("priority-seeded", "priority", 512, seeded=True),
+    "priority-seeded": Mode("priority-seeded", "priority", 1024, seeded=True),
 }
 
 

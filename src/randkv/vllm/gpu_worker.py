@@ -73,32 +73,30 @@ def randkv_memory_reserve(config: Any, sites: int, max_num_seqs: int) -> int:
 
 
 def gpu_kv_layout(
-    cache_shape: tuple[int, ...],
-    block_size: int,
-    blocks_per_kv_block: int,
-    backend: str,
-    num_groups: int = 1,
+    cache_shape: tuple[int, ...], block_size: int, backend: str, num_groups: int = 1
 ) -> KVLayout:
     """The compactor layout of a GPU KV cache, or UnsupportedModeError naming what was found.
 
-    cache_shape: one layer's KV cache shape; block_size: the scheduler's (allocation) block
-    size; blocks_per_kv_block: kernel blocks per allocation block in vLLM's block table.
+    cache_shape: one layer's KV cache shape (logical dimensions, as vLLM's backends declare
+    them); block_size: the scheduler's (allocation) block size. A cache whose token dimension
+    is a fraction of the block size holds kernel blocks: vLLM splits each allocation block
+    into several (FlashInfer on Hopper, for one), which the compactor does not follow.
     """
     if num_groups != 1:
         raise UnsupportedModeError(
             f"RandKV needs one KV cache group; backend {backend} uses {num_groups} "
             "(hybrid block allocation); use a model whose layers all use full attention"
         )
-    if blocks_per_kv_block != 1:
+    split_kv = len(cache_shape) == 5 and cache_shape[0] == 2
+    tokens = cache_shape[2] if len(cache_shape) == 4 or split_kv else None
+    if tokens is not None and tokens < block_size and block_size % tokens == 0:
         raise UnsupportedModeError(
             f"RandKV needs the attention kernel's block size to equal the KV block size "
-            f"{block_size}; backend {backend} splits each block into {blocks_per_kv_block} "
+            f"{block_size}; backend {backend} splits each block into {block_size // tokens} "
             f"kernel blocks; {_ADVICE}"
         )
-    if len(cache_shape) == 4 and cache_shape[2] == block_size:
-        return KVLayout.BLOCK_HEAD_SLOT
-    if len(cache_shape) == 5 and cache_shape[0] == 2 and cache_shape[2] == block_size:
-        return KVLayout.KV_BLOCK_SLOT_HEAD
+    if tokens == block_size:
+        return KVLayout.KV_BLOCK_SLOT_HEAD if split_kv else KVLayout.BLOCK_HEAD_SLOT
     raise UnsupportedModeError(
         f"RandKV does not recognise the KV cache layout {tuple(cache_shape)} of backend "
         f"{backend} (block size {block_size}); {_ADVICE}"
@@ -129,7 +127,6 @@ class RandKVGPUWorker(RandKVWorkerMixin, Worker):
         return gpu_kv_layout(
             tuple(runner.kv_caches[0].shape),
             self.cache_config.block_size,
-            runner.randkv_kernel_blocks_per_block(),
             runner.randkv_attention_backend_name(),
             len(runner.kv_cache_config.kv_cache_groups),
         )

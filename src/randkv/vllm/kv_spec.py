@@ -28,10 +28,12 @@ class RandKVFullAttentionSpec(FullAttentionSpec):
             tokens = min(tokens, config.max_physical_length)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
-    @classmethod
-    def wrap(cls, spec: FullAttentionSpec) -> RandKVFullAttentionSpec:
-        # dataclasses.replace cannot change the class: copy the fields.
-        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
+
+def bounded_spec(spec: FullAttentionSpec) -> RandKVFullAttentionSpec:
+    """`spec` as a RandKVFullAttentionSpec (dataclasses.replace cannot change the class)."""
+    return RandKVFullAttentionSpec(
+        **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    )
 
 
 def check_kv_cache_groups(kv_cache_config: Any) -> None:

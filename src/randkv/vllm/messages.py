@@ -47,7 +47,9 @@ class RandKVSchedulerOutput(SchedulerOutput):
 
     randkv: RandKVStepPlan
 
-    @classmethod
-    def of(cls, output: SchedulerOutput, plan: RandKVStepPlan) -> RandKVSchedulerOutput:
-        """`output`'s fields (the same objects, not copies) and `plan`."""
-        return cls(**{f.name: getattr(output, f.name) for f in fields(output)}, randkv=plan)
+
+def with_plan(output: SchedulerOutput, plan: RandKVStepPlan) -> RandKVSchedulerOutput:
+    """`output`'s fields (the same objects, not copies) and `plan`."""
+    return RandKVSchedulerOutput(
+        **{f.name: getattr(output, f.name) for f in fields(output)}, randkv=plan
+    )

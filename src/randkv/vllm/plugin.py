@@ -70,7 +70,7 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVCon
     config = RandKVConfig.coerce(options)  # the one parse (a RandKVConfig passes as it is)
     if config is None:
         return None
-    from randkv.vllm.versions import check_vllm_version
+    from randkv.vllm.support import check_vllm_version
 
     check_vllm_version()  # refuses an unsupported release before anything else happens
     from randkv.vllm import front_door

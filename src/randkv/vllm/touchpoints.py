@@ -1,0 +1,270 @@
+"""Every vLLM internal RandKV relies on beyond what its own classes override, as data.
+
+`randkv.vllm.drift` checks these against a vLLM release, together with what it finds by
+itself: every `vllm` import in RandKV's source (an import inside `try: ... except
+ImportError` counts when one of its alternatives resolves), and every method RandKV's
+subclasses of vLLM classes override (it must still exist, and RandKV's signature must accept
+every parameter vLLM's has). This table holds the rest: attributes RandKV reads on vLLM's
+objects, calls it makes with keywords, dataclass fields, and attributes vLLM sets elsewhere.
+
+A row's `runner` / `platform` limit it to releases where RandKV uses that model runner or
+runs on that platform (`randkv.vllm.versions`). A row may list alternatives (`either`): it
+holds when one of them does (the places where releases differ, read by `randkv.vllm.compat`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Touch:
+    """One vLLM internal RandKV relies on.
+
+    kind:
+    - "attributes": `target` is a class; instances have `names` (class attributes,
+      dataclass fields, annotations, or `self.<name> = ...` in the class's or a base's
+      source).
+    - "call": `target` is a callable RandKV calls with `positional` arguments (after self)
+      and the keyword arguments `names`.
+    - "fields": `target` is a dataclass with the fields `names`.
+    - "assigns": `target` is a module whose source assigns `<something>.<name>` for each of
+      `names` (an attribute vLLM sets on an object of another class).
+    """
+
+    kind: str
+    target: str
+    names: tuple[str, ...] = ()
+    positional: int = 0
+    runner: str | None = None
+    platform: str | None = None
+    why: str = ""
+    either: tuple[Touch, ...] = ()
+
+
+def attrs(target: str, *names: str, **scope: str) -> Touch:
+    return Touch("attributes", target, names, **scope)
+
+
+def call(target: str, *keywords: str, positional: int = 0, **scope: str) -> Touch:
+    return Touch("call", target, keywords, positional=positional, **scope)
+
+
+def either(why: str, *options: Touch, **scope: str) -> Touch:
+    return Touch("either", "", (), why=why, either=options, **scope)
+
+
+SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
+COORDINATOR = "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
+V1_BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
+
+TOUCHPOINTS: tuple[Touch, ...] = (
+    # ------------------------------------------------------------------ scheduler side
+    attrs(
+        SCHED,
+        "vllm_config",
+        "kv_cache_config",
+        "kv_cache_manager",
+        "running",
+        "waiting",
+        "requests",
+        "need_mamba_block_aligned_split",
+        why="RandKVScheduler reads them; the split hook is enabled through the flag",
+    ),
+    either(
+        "the timeline's count of waiting requests (randkv.vllm.compat.queues)",
+        attrs(SCHED, "get_request_counts"),
+        attrs(SCHED, "skipped_waiting"),
+    ),
+    call(f"{SCHED}.finish_requests", positional=2),
+    attrs(MANAGER, "coordinator", "block_pool", "watermark_blocks", "enable_caching"),
+    call(f"{MANAGER}.create_kv_cache_blocks", positional=1),
+    attrs(COORDINATOR, "single_type_managers"),
+    call(
+        f"{COORDINATOR}.allocate_new_computed_blocks",
+        "request_id",
+        "new_computed_blocks",
+        "num_local_computed_tokens",
+        "num_external_computed_tokens",
+    ),
+    call(f"{COORDINATOR}.allocate_new_blocks", positional=4),
+    call(f"{COORDINATOR}.cache_blocks", positional=2),
+    attrs(
+        "vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager",
+        "req_to_blocks",
+        "block_size",
+    ),
+    attrs(
+        "vllm.v1.core.block_pool:BlockPool",
+        "get_num_free_blocks",
+        "free_blocks",
+        "num_gpu_blocks",
+        "null_block",
+    ),
+    attrs("vllm.v1.core.kv_cache_utils:KVCacheBlock", "block_id", "ref_cnt"),
+    attrs("vllm.v1.core.kv_cache_manager:KVCacheBlocks", "blocks"),
+    attrs(
+        "vllm.v1.request:Request",
+        "request_id",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "prompt_token_ids",
+        "sampling_params",
+        "num_tokens",
+        "status",
+        "client_index",
+        "get_finished_reason",
+    ),
+    attrs("vllm.v1.request:RequestStatus", "WAITING", "PREEMPTED", "FINISHED_ERROR"),
+    call(
+        "vllm.v1.engine:EngineCoreOutput",
+        "request_id",
+        "new_token_ids",
+        "finish_reason",
+        "stop_reason",
+    ),
+    call("vllm.v1.engine:EngineCoreOutputs", "outputs"),
+    Touch(
+        "fields",
+        "vllm.v1.core.sched.output:SchedulerOutput",
+        (
+            "scheduled_new_reqs",
+            "scheduled_cached_reqs",
+            "num_scheduled_tokens",
+            "total_num_scheduled_tokens",
+            "finished_req_ids",
+            "preempted_req_ids",
+        ),
+        why="RandKVSchedulerOutput copies every field; the worker reads these",
+    ),
+    Touch("fields", "vllm.v1.core.sched.output:NewRequestData", ("req_id", "num_computed_tokens")),
+    Touch(
+        "fields", "vllm.v1.core.sched.output:CachedRequestData", ("req_ids", "num_computed_tokens")
+    ),
+    # ------------------------------------------------------------------ configuration
+    attrs(
+        "vllm.config:VllmConfig",
+        "model_config",
+        "cache_config",
+        "parallel_config",
+        "scheduler_config",
+        "compilation_config",
+        "speculative_config",
+        "kv_transfer_config",
+        "additional_config",
+    ),
+    either(
+        "which model runner an engine uses (randkv.vllm.compat.runner)",
+        attrs("vllm.config:VllmConfig", "use_v2_model_runner"),
+        Touch("absent", "vllm.v1.worker.gpu_model_runner"),
+    ),
+    attrs(
+        "vllm.config:ModelConfig",
+        "max_model_len",
+        "use_mla",
+        "is_hybrid",
+        "is_attention_free",
+        "uses_alibi",
+        "is_encoder_decoder",
+        "uses_mrope",
+        "get_sliding_window",
+        "get_total_num_kv_heads",
+        "get_num_layers",
+        "get_num_kv_heads",
+    ),
+    attrs(
+        "vllm.config:ParallelConfig",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "decode_context_parallel_size",
+        "prefill_context_parallel_size",
+        "distributed_executor_backend",
+    ),
+    attrs("vllm.config:SchedulerConfig", "async_scheduling", "max_num_seqs"),
+    attrs("vllm.config:CacheConfig", "cache_dtype", "block_size"),
+    attrs("vllm.config:CompilationConfig", "static_forward_context"),
+    attrs(
+        "vllm.engine.arg_utils:EngineArgs",
+        "scheduler_cls",
+        "worker_cls",
+        "async_scheduling",
+        "additional_config",
+        "speculative_config",
+        "kv_transfer_config",
+        "pipeline_parallel_size",
+        "kv_cache_dtype",
+        "create_engine_config",
+    ),
+    attrs(
+        "vllm.v1.kv_cache_interface:FullAttentionSpec",
+        "block_size",
+        "page_size_bytes",
+        "sliding_window",
+        "attention_chunk_size",
+    ),
+    attrs("vllm.v1.kv_cache_interface:KVCacheConfig", "kv_cache_groups"),
+    attrs("vllm.v1.kv_cache_interface:KVCacheGroupSpec", "layer_names", "kv_cache_spec"),
+    # ------------------------------------------------------------------ workers
+    attrs(
+        "vllm.v1.worker.gpu_worker:Worker",
+        "vllm_config",
+        "model_runner",
+        "cache_config",
+        "model_config",
+        "parallel_config",
+        "scheduler_config",
+    ),
+    call(
+        "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend.get_supported_kernel_block_sizes",
+        platform="cpu",
+    ),
+    either(
+        "the CPU attention kernels' ISA (randkv.vllm.compat.cpu_attention)",
+        Touch("assigns", "vllm.v1.attention.backends.cpu_attn", ("isa",)),
+        attrs("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl", "isa"),
+        platform="cpu",
+    ),
+    # ------------------------------------------------------------------ the V1 model runner
+    attrs(
+        V1_RUNNER,
+        "kv_caches",
+        "kv_cache_config",
+        "model_config",
+        "cache_config",
+        "vllm_config",
+        "input_batch",
+        "requests",
+        "num_computed_tokens",
+        "req_indices",
+        "positions",
+        "query_start_loc",
+        "seq_lens",
+        "optimistic_seq_lens_cpu",
+        "attn_groups",
+        "shared_kv_cache_layers",
+        runner="v1",
+    ),
+    attrs(
+        V1_INPUT_BATCH,
+        "num_reqs",
+        "num_computed_tokens_cpu",
+        "block_table",
+        "req_id_to_index",
+        "req_ids",
+        runner="v1",
+    ),
+    attrs(V1_BLOCK_TABLE, "num_blocks_per_row", "slot_mapping", runner="v1"),
+    call(
+        "vllm.v1.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
+        positional=3,
+        runner="v1",
+    ),  # fmt: skip
+    attrs("vllm.v1.worker.gpu_input_batch:CachedRequestState", "block_ids", runner="v1"),
+    # ------------------------------------------------------------------ offline LLM
+    attrs("vllm:LLM", "llm_engine", "collective_rpc"),
+    attrs("vllm.v1.engine.llm_engine:LLMEngine", "add_request", "output_processor"),
+    attrs("vllm.v1.engine.output_processor:OutputProcessor", "request_states"),
+)
