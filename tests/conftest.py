@@ -6,6 +6,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from v2_runner import enable_v2_runner, v2_requested
+
+# RANDKV_TEST_RUNNER=v2: the engine tests run on vLLM's V2 model runner (v2_runner.py).
+# Before anything imports vLLM, which decides once whether it has Triton.
+if v2_requested():
+    enable_v2_runner()
 
 # Engines run in this process so tests can read the scheduler; positions are tracked so
 # tests can compare the engine's slot maps with the spec.

@@ -53,6 +53,18 @@ def _tokens(outputs):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def test_engines_run_the_model_runner_the_suite_asked_for(engines):
+    """RANDKV_TEST_RUNNER=v2 runs this file on vLLM's V2 model runner (tests/v2_runner.py)."""
+    from v2_runner import v2_requested
+
+    plain, llm = engines
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert runner.randkv_runner_kind == ("v2" if v2_requested() else "v1")
+    plain_runner = plain.llm_engine.model_executor.driver_worker.worker.model_runner
+    expected = "vllm.v1.worker.cpu.model_runner" if v2_requested() else "cpu_model_runner"
+    assert expected in type(plain_runner).__module__
+
+
 def test_pool_smaller_than_one_max_len_sequence(engines):
     _, llm = engines
     pool = _scheduler(llm).kv_cache_manager.block_pool

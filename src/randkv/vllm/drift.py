@@ -176,7 +176,10 @@ def _import_problem(item: VllmImport) -> str | None:
 
 
 def _module_name(path: Path) -> str:
-    relative = path.relative_to(RANDKV_VLLM.parent.parent).with_suffix("")
+    root = RANDKV_VLLM.parent.parent
+    if not path.resolve().is_relative_to(root):
+        return path.stem
+    relative = path.resolve().relative_to(root).with_suffix("")
     return ".".join(relative.parts).removesuffix(".__init__")
 
 

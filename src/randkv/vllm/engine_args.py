@@ -3,11 +3,10 @@ cannot serve correctly before the engine starts (the modes are listed in `refusa
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from randkv.config import RandKVConfig
-from randkv.vllm.compat.runner import V2_RUNNER_ENV, has_v1_runner
+from randkv.vllm.compat.runner import ask_for_supported_runner
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.refusals import (
     UnsupportedModeError,
@@ -19,38 +18,29 @@ __all__ = [
     "UnsupportedModeError",
     "check_engine_supported",
     "randkv_engine_kwargs",
-    "use_v1_model_runner",
 ]
 
 SCHEDULER_CLS = "randkv.vllm.scheduler.RandKVScheduler"
 CPU_WORKER_CLS = "randkv.vllm.worker.RandKVCPUWorker"
 GPU_WORKER_CLS = "randkv.vllm.gpu_worker.RandKVGPUWorker"
 
-#: Engine arguments RandKV fills in itself.
-INSTALLED_ENGINE_ARGS = ("scheduler_cls", "worker_cls", "additional_config", "async_scheduling")
+#: Engine arguments RandKV fills in itself (the last one only where vLLM has it: 0.34).
+INSTALLED_ENGINE_ARGS = (
+    "scheduler_cls",
+    "worker_cls",
+    "additional_config",
+    "async_scheduling",
+    "enable_extensible_kv_cache",
+)
 
 
-def use_v1_model_runner() -> None:
-    """Make vLLM pick its V1 model runner where it has one, or refuse a user's V2 choice.
+def engine_arg_names() -> frozenset[str]:
+    """The fields of the installed vLLM's `EngineArgs`."""
+    import dataclasses
 
-    vLLM 0.28 and 0.32 pick the V2 runner by default on CUDA for dense models. The choice is
-    an environment variable read in every engine process, so it is set in this process before
-    the engine starts (spawned processes inherit it); it then also applies to other engines
-    this process starts. vLLM 0.34 has only V2 (and refuses the variable set to 0).
-    """
-    if not has_v1_runner():
-        return
-    value = os.environ.get(V2_RUNNER_ENV)
-    if value is not None and value.strip().lower() in ("1", "true"):
-        raise UnsupportedModeError(
-            f"RandKV needs vLLM's V1 model runner, but {V2_RUNNER_ENV}={value} asks for V2; "
-            f"set {V2_RUNNER_ENV}=0 (or unset it)"
-        )
-    os.environ[V2_RUNNER_ENV] = "0"
-    from vllm import envs
+    from vllm.engine.arg_utils import EngineArgs
 
-    # An engine that already ran in this process froze vLLM's environment cache.
-    envs.disable_envs_cache()
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
 
 
 def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -66,10 +56,14 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
             raise UnsupportedModeError(
                 f"RandKV installs its own {key}; remove {key}={kwargs[key]!r} or turn RandKV off"
             )
-    use_v1_model_runner()
+    ask_for_supported_runner()
     out = dict(kwargs)
     # vLLM would otherwise turn async scheduling on by default on GPUs.
     out["async_scheduling"] = False
+    if "enable_extensible_kv_cache" in engine_arg_names():
+        # vLLM 0.34 maps KV pages only after warm-up on CUDA and then replaces the cache
+        # tensors; RandKV needs its caches (and its memory reserve) fixed at start-up.
+        out["enable_extensible_kv_cache"] = False
     from vllm.platforms import current_platform
 
     out["scheduler_cls"] = SCHEDULER_CLS

@@ -35,7 +35,7 @@ class GPURunnerMixin:
         super().randkv_setup(config, layout)
         # Runs in initialize_from_config, before the engine reports ready: the Triton
         # variants a step can meet compile here, not as a latency spike in the first round.
-        seconds = randkv_warmup(self.randkv_planner, self.randkv_compactor, self.kv_caches)
+        seconds = randkv_warmup(self.randkv_planner, self.randkv_compactor, self.randkv_caches)
         self.randkv_compile_seconds = seconds
         logger.info("RandKV: Triton kernels compiled at start-up in %.2f s", sum(seconds.values()))
 

@@ -46,12 +46,6 @@ class Refusal:
         return f"{text}; {self.advice}" if self.advice else text
 
 
-def _uses_v2_runner(vllm_config: Any) -> bool:
-    from randkv.vllm.compat.runner import uses_v2_runner
-
-    return uses_v2_runner(vllm_config)
-
-
 def _model(attribute: str) -> Callable[[Any], bool]:
     return lambda c: bool(getattr(c.model_config, attribute, False))
 
@@ -112,7 +106,14 @@ REFUSALS: tuple[Refusal, ...] = (
         advice="RandKV needs synchronous scheduling (a round's directive must reach the "
         "workers in the step it fires); remove async_scheduling=True (--async-scheduling)",
     ),
-    Refusal("vLLM's V2 model runner (set VLLM_USE_V2_MODEL_RUNNER=0)", _uses_v2_runner),
+    Refusal(
+        "vLLM's extensible KV cache",
+        lambda c: bool(getattr(c.cache_config, "enable_extensible_kv_cache", False)),
+        "enable_extensible_kv_cache",
+        advice="RandKV needs the KV cache allocated before warm-up (its caches and its memory "
+        "reserve are fixed at start-up); remove enable_extensible_kv_cache=True "
+        "(--enable-extensible-kv-cache)",
+    ),
     Refusal(
         "quantized KV cache (use kv_cache_dtype='auto')",
         lambda c: c.cache_config.cache_dtype not in ("auto", None),

@@ -30,8 +30,8 @@ from randkv.planner import RoundPlanner
 from randkv.slotmap import SlotPositionMap
 from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
-from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
-from randkv.vllm.refusals import UnsupportedModeError, refuse_shared_kv_layers
+from randkv.vllm.parallel import kv_head_shard
+from randkv.vllm.refusals import refuse_shared_kv_layers
 from randkv.vllm.timing import RoundTimer
 
 logger = init_logger("vllm.randkv.worker")
@@ -71,6 +71,16 @@ class RandKVRunnerMixin:
         tables (the scheduler freed them), before this step appends new blocks."""
         raise NotImplementedError
 
+    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
+        """(global layer index, KV cache) of each attention layer this worker holds, in
+        layer order (RandKV keys draws by global layer)."""
+        raise NotImplementedError
+
+    def randkv_attention_backend_name(self) -> str:
+        """The name of vLLM's attention backend for the (one) KV cache group."""
+        groups = self.attn_groups
+        return groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
+
     # ------------------------------------------------------------------ start-up
 
     def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
@@ -84,17 +94,13 @@ class RandKVRunnerMixin:
 
         refuse_shared_kv_layers(self.randkv_shared_kv_layers())
         set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
-        caches = self.kv_caches
+        # Draws are keyed by global layer and global KV head, so each TP rank (and each
+        # pipeline stage) plans a slice of the single-device plan.
+        layers, caches = self.randkv_layer_caches()
+        self.randkv_caches = caches
         local_heads = (
             caches[0].shape[3] if layout is KVLayout.KV_BLOCK_SLOT_HEAD else caches[0].shape[1]
         )
-        # Draws are keyed by global layer and global KV head, so each TP rank (and each
-        # pipeline stage) plans a slice of the single-device plan.
-        layers = kv_cache_layer_indices(self.kv_cache_config.kv_cache_groups[0].layer_names)
-        if len(layers) != len(caches):
-            raise UnsupportedModeError(
-                f"RandKV found {len(layers)} KV cache layer names for {len(caches)} KV caches"
-            )
         tp_rank = get_tensor_model_parallel_rank()
         shard = kv_head_shard(
             tp_rank,
@@ -135,9 +141,13 @@ class RandKVRunnerMixin:
 
     # ------------------------------------------------------------------ before a step
 
+    #: True while vLLM warms up or compiles through real steps it builds itself (plain
+    #: SchedulerOutputs of a few short requests, which never reach a round).
+    randkv_warming_up: bool = False
+
     def randkv_before_step(self, scheduler_output: Any) -> None:
         if not isinstance(scheduler_output, RandKVSchedulerOutput):
-            if scheduler_output.total_num_scheduled_tokens:
+            if scheduler_output.total_num_scheduled_tokens and not self.randkv_warming_up:
                 # Skipping a round on one rank would silently desynchronize its KV heads.
                 raise RuntimeError(
                     "RandKV: this step's plan (RandKVSchedulerOutput) did not reach the "
@@ -175,7 +185,7 @@ class RandKVRunnerMixin:
             [d.round_index for d in directives],
         )
         planned = self.randkv_timer.mark()
-        self.randkv_compactor.apply(round_plan, self.kv_caches, block_tables)
+        self.randkv_compactor.apply(round_plan, self.randkv_caches, block_tables)
         done = self.randkv_timer.mark()
         self.randkv_timer.record("planning_seconds", start, planned)
         self.randkv_timer.record("compaction_seconds", planned, done)
@@ -185,7 +195,7 @@ class RandKVRunnerMixin:
         self.randkv_metrics.add("tokens_evicted", len(req_ids) * self.randkv.buffer_size)
         self.randkv_metrics.add("kv_entries_evicted", entries)
         self.randkv_metrics.add(
-            "kv_bytes_moved", self.randkv_compactor.moved_bytes(round_plan, self.kv_caches)
+            "kv_bytes_moved", self.randkv_compactor.moved_bytes(round_plan, self.randkv_caches)
         )
         self.randkv_forget_tail_blocks(plan.directives)
         for row, (req_id, directive) in enumerate(zip(req_ids, directives, strict=True)):
@@ -229,7 +239,7 @@ class RandKVRunnerMixin:
         slot_map = self.randkv_slot_maps.get(req_id)
         if slot_map is None or slot_map.tokens_seen != start:
             slot_map = SlotPositionMap(
-                self.randkv, len(self.kv_caches), len(self.randkv_planner.kv_heads)
+                self.randkv, len(self.randkv_caches), len(self.randkv_planner.kv_heads)
             )
             slot_map.append(start)  # prefix-cache hits arrive already computed
             self.randkv_slot_maps[req_id] = slot_map

@@ -16,6 +16,8 @@ import torch
 
 from randkv.cadence import physical_lengths, rounds_completed
 from randkv.vllm.messages import RoundDirective
+from randkv.vllm.parallel import kv_cache_layer_indices
+from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import RandKVRunnerMixin
 
 
@@ -32,9 +34,15 @@ class V1RunnerMixin(RandKVRunnerMixin):
             if index is not None:
                 table.num_blocks_per_row[index] = directive.keep_blocks
 
-    def randkv_attention_backend_name(self) -> str:
-        groups = self.attn_groups
-        return groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
+    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
+        # vLLM binds `kv_caches` sorted by layer index (`vllm.v1.worker.utils.bind_kv_cache`).
+        layers = kv_cache_layer_indices(self.kv_cache_config.kv_cache_groups[0].layer_names)
+        if len(layers) != len(self.kv_caches):
+            raise UnsupportedModeError(
+                f"RandKV found {len(layers)} KV cache layer names for {len(self.kv_caches)} "
+                "KV caches"
+            )
+        return layers, list(self.kv_caches)
 
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)

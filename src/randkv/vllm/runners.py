@@ -58,9 +58,15 @@ def randkv_runner_class(vllm_runner_cls: type, platform_mixins: tuple[type, ...]
 
 def adopt_model_runner(runner: Any, platform_mixins: tuple[type, ...] = ()) -> str:
     """Give a runner vLLM built RandKV's methods; returns its kind ("v1" or "v2")."""
+    from randkv.vllm.compat.runner import check_runner_supported
+
     vllm_cls = type(runner)
     if getattr(vllm_cls, "randkv_runner_kind", None):  # already adopted (worker re-init)
         return vllm_cls.randkv_runner_kind
+    kind = runner_kind(vllm_cls)
+    if kind is None:
+        raise UnsupportedModeError(_unknown(vllm_cls))
+    check_runner_supported(kind)
     swap_class(runner, vllm_cls, randkv_runner_class(vllm_cls, platform_mixins))
     return runner.randkv_runner_kind
 

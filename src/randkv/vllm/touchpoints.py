@@ -156,11 +156,6 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "kv_transfer_config",
         "additional_config",
     ),
-    either(
-        "which model runner an engine uses (randkv.vllm.compat.runner)",
-        attrs("vllm.config:VllmConfig", "use_v2_model_runner"),
-        Touch("absent", "vllm.v1.worker.gpu_model_runner"),
-    ),
     attrs(
         "vllm.config:ModelConfig",
         "max_model_len",

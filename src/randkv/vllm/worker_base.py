@@ -52,6 +52,15 @@ class RandKVWorkerMixin:
         super().initialize_from_config(kv_cache_config)
         self.model_runner.randkv_setup(self.randkv, self.randkv_layout())
 
+    def compile_or_warm_up_model(self, *args: Any, **kwargs: Any) -> Any:
+        # vLLM's GPU warm-up (and 0.34's CPU one) runs real steps it builds itself.
+        runner = self.model_runner
+        runner.randkv_warming_up = True
+        try:
+            return super().compile_or_warm_up_model(*args, **kwargs)
+        finally:
+            runner.randkv_warming_up = False
+
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         self.model_runner.randkv_before_step(scheduler_output)

@@ -9,8 +9,8 @@ fails a `randkv.vllm.drift` check before it can change a decision:
 - `queues`: how many requests wait (one queue plus `skipped_waiting` up to 0.28,
   `get_request_counts()` from 0.32).
 - `entrypoints`: `cli_env_setup`, which moved to `vllm.entrypoints.common.startup` in 0.34.
-- `runner`: which model runner an engine uses (V1 up to 0.32, V2 in 0.32 and alone in 0.34)
-  and the environment variable that picks it.
+- `runner`: which model runner RandKV runs on (V1 up to 0.32, V2 in 0.32 and alone in 0.34;
+  the release table says which RandKV supports) and the environment variable that picks it.
 - `kv_sharing`: the layers that share another layer's KV cache (a runner attribute on V1,
   `attn_utils.get_shared_kv_cache_layers` on V2).
 """

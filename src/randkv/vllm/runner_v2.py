@@ -1,0 +1,124 @@
+"""RandKV on vLLM's V2 model runner (`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its
+CPU subclass; vLLM 0.32, and the only runner of 0.34).
+
+V2 keeps request state in `req_states`, block tables in `block_tables` (block ids on the
+device only, per-request block counts on the host), and per-step inputs in persistent
+`input_buffers` that CUDA graphs replay from. RandKV's seams:
+
+- **Tail blocks.** After a round the scheduler has freed the blocks past `keep_blocks`; the
+  host count `block_tables.num_blocks.np` is cut to it before vLLM appends this step's new
+  blocks (`execute_model` applies the staged writes after `update_requests`). The compactor
+  gets the block ids from the round directive: V2 has no host copy of them.
+- **Attention inputs.** `prepare_attn(input_batch)` computes the slot mapping from the
+  positions it is given and hands the batch to attention. RandKV computes physical positions
+  and physical sequence lengths with vLLM's own kernel (`prepare_pos_seq_lens`, fed with
+  physical computed-token counts), writes the lengths into `input_buffers.seq_lens` (what a
+  full CUDA graph replays) and passes the physical positions to vLLM's slot mapping. The
+  model still gets the absolute positions (RoPE).
+- **Sampling.** vLLM's sampler decides whether a row emits a token by comparing the batch's
+  `seq_lens` with the request's absolute prefill length, so `sample()` gets the absolute
+  lengths back. A request resumed after preemption re-prefills more than K + 2r tokens and
+  must still emit tokens.
+
+Imports no vLLM runner module at import time (0.28 has no such V2 code path for RandKV);
+`randkv.vllm.runners` combines this mixin with the runner class the engine built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from randkv.cadence import physical_lengths, rounds_completed
+from randkv.vllm.messages import RoundDirective
+from randkv.vllm.parallel import kv_cache_layer_indices
+from randkv.vllm.runner_base import RandKVRunnerMixin
+
+
+@dataclasses.dataclass
+class _AbsoluteLengths:
+    """The batch's absolute lengths, kept for the sampler while attention sees physical."""
+
+    batch: Any
+    seq_lens: torch.Tensor
+    upper_bound: torch.Tensor
+
+
+class V2RunnerMixin(RandKVRunnerMixin):
+    _randkv_absolute: _AbsoluteLengths | None = None
+
+    # ------------------------------------------------------------------ start-up
+
+    def randkv_shared_kv_layers(self) -> dict[str, str]:
+        from vllm.v1.worker.gpu.attn_utils import get_shared_kv_cache_layers
+
+        return dict(get_shared_kv_cache_layers(self.vllm_config))
+
+    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
+        # V2's `kv_caches` follow the allocation order of the cache tensors, not the layer
+        # order: read each layer's own cache instead.
+        names = list(self.kv_cache_config.kv_cache_groups[0].layer_names)
+        context = self.compilation_config.static_forward_context
+        by_index = dict(zip(kv_cache_layer_indices(names), names, strict=False))
+        ordered = sorted(by_index)
+        return ordered, [context[by_index[i]].kv_cache for i in ordered]
+
+    def randkv_setup(self, config: Any, layout: Any) -> None:
+        super().randkv_setup(config, layout)
+        max_reqs = self.req_states.num_computed_tokens.gpu.shape[0]
+        device = self.randkv_caches[0].device
+        seq_lens = self.input_buffers.seq_lens
+        # Persistent scratch, sized once: a step allocates nothing.
+        self.randkv_positions = torch.zeros_like(self.input_buffers.positions)
+        self.randkv_physical_computed = torch.zeros(max_reqs, dtype=seq_lens.dtype, device=device)
+        self.randkv_absolute_seq_lens = torch.zeros_like(seq_lens)
+
+    # ------------------------------------------------------------------ rounds
+
+    def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
+        counts = self.block_tables.num_blocks.np  # [groups, max_num_reqs], the host's truth
+        for req_id, directive in directives.items():
+            index = self.req_states.req_id_to_index.get(req_id)
+            if index is not None:
+                counts[0, index] = directive.keep_blocks
+
+    # ------------------------------------------------------------------ attention inputs
+
+    def prepare_attn(self, input_batch: Any) -> Any:
+        self._randkv_absolute = None
+        seen = input_batch.num_computed_tokens_np  # host mirror, exact without async
+        if not rounds_completed(self.randkv, seen.astype("int64")).any():
+            return super().prepare_attn(input_batch)
+        from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
+
+        padded = input_batch.num_reqs_after_padding
+        absolute = self.randkv_absolute_seq_lens[:padded]
+        absolute.copy_(input_batch.seq_lens)
+        computed = self.req_states.num_computed_tokens.gpu  # absolute, by request slot
+        self.randkv_physical_computed.copy_(physical_lengths(self.randkv, computed.to(torch.int64)))
+        # Physical positions into RandKV's buffer, physical lengths into vLLM's.
+        prepare_pos_seq_lens(
+            input_batch.idx_mapping,
+            input_batch.query_start_loc,
+            self.randkv_physical_computed,
+            self.randkv_positions,
+            self.input_buffers.seq_lens,
+        )
+        upper_bound = input_batch.seq_lens_cpu_upper_bound
+        shift = seen.astype("int64") - physical_lengths(self.randkv, seen.astype("int64"))
+        physical_bound = upper_bound.clone()
+        physical_bound[: input_batch.num_reqs] -= torch.from_numpy(shift).to(upper_bound.dtype)
+        input_batch.seq_lens_cpu_upper_bound = physical_bound
+        self._randkv_absolute = _AbsoluteLengths(input_batch, absolute, upper_bound)
+        positions = self.randkv_positions[: input_batch.num_tokens_after_padding]
+        return super().prepare_attn(dataclasses.replace(input_batch, positions=positions))
+
+    def sample(self, hidden_states: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        kept = self._randkv_absolute
+        if kept is not None and kept.batch is input_batch:
+            input_batch.seq_lens = kept.seq_lens
+            input_batch.seq_lens_cpu_upper_bound = kept.upper_bound
+            self._randkv_absolute = None
+        return super().sample(hidden_states, input_batch, *args, **kwargs)
