@@ -173,9 +173,9 @@ def test_demo_on_the_tiny_model(tiny_model_path, tmp_path, capsys):
     settings = demo.DemoSettings(
         requests=4,
         output_tokens=(200, 260),
-        # Chat prompts in the byte-level template are 65-110 tokens; K + 2r = 144 (9 blocks).
+        # Chat prompts in the byte-level template are 65-110 tokens; K + 2r = 144 (5 blocks).
         randkv=RandKVConfig(budget=128, buffer_size=8, seed=0),
-        pool_blocks=40,  # 4 x 9 RandKV blocks; a plain request grows to 23
+        pool_blocks=21,  # 4 x 5 RandKV blocks; a plain request grows to 12
         max_num_seqs=4,
         showcase=1,
         retention_tokens=200,

@@ -210,6 +210,45 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
         )
 
 
+def test_a_request_preempted_far_past_k_plus_2r_resumes_exactly(engines):
+    """Preempted with 3 rounds behind it, a request re-prefills its prompt and its answer
+    (more tokens than K + 2r: V2's sampler compares absolute lengths) and goes on emitting
+    the tokens and evictions of an uninterrupted run."""
+    from vllm.v1.request import RequestStatus
+
+    _, llm = engines
+    scheduler, engine = _scheduler(llm), llm.llm_engine
+    params = SamplingParams(
+        temperature=0, max_tokens=260, ignore_eos=True, extra_args={"randkv_key": "resume"}
+    )
+    uninterrupted = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    preemptions = scheduler.counters["preemptions"]
+    engine.add_request("resumed", PROMPTS[0], params)
+    (internal,) = scheduler.requests
+    request = scheduler.requests[internal]
+    past = CONFIG.max_physical_length + 3 * CONFIG.buffer_size + 3
+    for _ in range(400):
+        engine.step()
+        if request.num_computed_tokens >= past:
+            break
+    assert request.num_computed_tokens >= past
+    scheduler.reset_prefix_cache(reset_running_requests=True)  # preempts: its KV is gone
+    assert request.status == RequestStatus.PREEMPTED and request.num_computed_tokens == 0
+    final = None
+    for _ in range(1000):
+        for output in engine.step():
+            if output.finished:
+                final = output
+        if final is not None:
+            break
+    assert final is not None, "the resumed request stopped emitting tokens"
+    assert scheduler.counters["preemptions"] == preemptions + 1
+    assert list(final.outputs[0].token_ids) == list(uninterrupted.outputs[0].token_ids)
+    assert llm.randkv_slot_positions("resumed") == llm.randkv_slot_positions(
+        uninterrupted.request_id
+    )
+
+
 def test_engine_equals_reference_decode_outside_vllm(engines, tiny_model_path):
     """Transformers decode with the same evictions, over 4 x (K + 2r) tokens."""
     import torch

@@ -49,6 +49,7 @@ def test_importing_the_gpu_worker_leaves_torch_cuda_alone():
 def cuda_platform(monkeypatch):
     """vLLM's current platform mocked as CUDA (nothing else of vLLM is touched)."""
     import vllm.config.vllm  # noqa: F401 - imported under the real platform first
+    import vllm.engine.arg_utils  # noqa: F401
     import vllm.platforms
 
     fake = types.SimpleNamespace(is_cpu=lambda: False, is_rocm=lambda: False, is_cuda=lambda: True)
@@ -57,63 +58,63 @@ def cuda_platform(monkeypatch):
     return fake
 
 
-def _vllm_picks_v2_runner(monkeypatch) -> bool:
-    """vLLM 0.28.0's own `VllmConfig.use_v2_model_runner` for a dense Qwen3 on CUDA with
-    Triton, evaluated on a stand-in config (no model, no GPU)."""
-    from vllm import envs
-    from vllm.config import vllm as vllm_config_module
+def _supported_runners() -> frozenset[str]:
+    import vllm
 
-    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
-    vllm_config_module.default_v2_model_runner_architectures.cache_clear()
-    envs.disable_envs_cache()
-    config_cls = vllm_config_module.VllmConfig
-    fake = types.SimpleNamespace(
-        parallel_config=types.SimpleNamespace(prefill_context_parallel_size=1),
-        speculative_config=None,
-        model_config=types.SimpleNamespace(
-            is_diffusion=False,
-            runner_type="generate",
-            architectures=["Qwen3ForCausalLM"],
-            is_hybrid=False,
-            is_attention_free=False,
-            is_moe=False,
-        ),
-    )
-    for name in (
-        "_dflash_needs_multi_kv_group",
-        "_is_dflash2_draft",
-        "_is_default_v2_model_runner_model",
-    ):
-        setattr(fake, name, types.MethodType(getattr(config_cls, name), fake))
-    fake._get_v2_model_runner_unsupported_features = lambda: []
-    return config_cls.use_v2_model_runner.fget(fake)
+    from randkv.vllm.compat.runner import supported_runners
+
+    return supported_runners(vllm.__version__)
 
 
-def test_on_cuda_randkv_starts_with_the_v1_runner_and_sync_scheduling(cuda_platform, monkeypatch):
-    assert _vllm_picks_v2_runner(monkeypatch) is True  # vLLM's default RandKV must undo
+def test_on_cuda_randkv_takes_a_runner_it_supports_and_sync_scheduling(cuda_platform):
+    """Where RandKV supports vLLM's V2 runner (0.32) it keeps vLLM's own choice (V2 on
+    CUDA); where it supports V1 only (0.28) it asks vLLM for V1."""
+    import os
+
     kwargs = engine_args.randkv_engine_kwargs(RandKVConfig(), {"dtype": "bfloat16"})
     assert kwargs["worker_cls"] == "randkv.vllm.gpu_worker.RandKVGPUWorker"
     assert kwargs["async_scheduling"] is False
-    import os
+    if "v2" in _supported_runners():
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    else:
+        assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
-    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert _vllm_picks_v2_runner(monkeypatch) is False
 
-
-def test_asking_for_v2_or_async_on_cuda_names_the_setting(cuda_platform, monkeypatch):
+def test_asking_for_v2_where_unsupported_or_async_names_the_setting(cuda_platform, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(UnsupportedModeError, match="set VLLM_USE_V2_MODEL_RUNNER=0"):
-        engine_args.randkv_engine_kwargs(RandKVConfig(), {})
+    if "v2" in _supported_runners():
+        engine_args.randkv_engine_kwargs(RandKVConfig(), {})  # V2 is RandKV's too
+    else:
+        with pytest.raises(UnsupportedModeError, match="set VLLM_USE_V2_MODEL_RUNNER=0"):
+            engine_args.randkv_engine_kwargs(RandKVConfig(), {})
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
     with pytest.raises(UnsupportedModeError, match=r"remove async_scheduling=True"):
         engine_args.randkv_engine_kwargs(RandKVConfig(), {"async_scheduling": True})
 
 
-def test_engine_check_names_the_v2_runner_variable():
-    from randkv.vllm.refusals import REFUSALS
+def test_a_runner_the_release_row_does_not_list_is_refused(monkeypatch):
+    import vllm
 
-    v2 = [r for r in REFUSALS if "V2 model runner" in r.what]
-    assert len(v2) == 1 and "VLLM_USE_V2_MODEL_RUNNER=0" in v2[0].what
+    from randkv.vllm.compat.runner import check_runner_supported
+
+    monkeypatch.setattr(vllm, "__version__", "0.28.0")
+    check_runner_supported("v1")
+    with pytest.raises(UnsupportedModeError, match=r"0.28.0.s V2 model runner .*RUNNER=0"):
+        check_runner_supported("v2")
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    check_runner_supported("v2")
+    with pytest.raises(UnsupportedModeError, match=r"0.34.0's V1 model runner"):
+        check_runner_supported("v1")
+
+
+def test_an_unknown_runner_class_is_refused():
+    from randkv.vllm.runners import adopt_model_runner
+
+    class SomePluginsRunner:
+        pass
+
+    with pytest.raises(UnsupportedModeError, match="SomePluginsRunner"):
+        adopt_model_runner(SomePluginsRunner())
 
 
 def _layout(shape, block=16, groups=1):
@@ -204,7 +205,7 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     monkeypatch.setattr(hostsync, "_pin_memory", True)
     monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
     runner = _v1_runner(shared_kv_cache_layers={})  # setup stops after the setting
-    with pytest.raises(AttributeError, match="kv_caches"):
+    with pytest.raises(AttributeError, match="randkv_layer_caches"):
         RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
     assert hostsync.pin_memory_enabled() is False
 

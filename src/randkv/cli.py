@@ -95,7 +95,7 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         "output_tokens": (768, 1536),
         "budget": 128,
         "buffer": 64,
-        "pool_blocks": 260,
+        "pool_blocks": 130,
         "max_num_seqs": 16,
         **defaults,
     }
@@ -131,7 +131,9 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         default=values["pool_blocks"],
         help="KV blocks of both arms",
     )
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--block-size", type=int, default=32, help="KV block size (vLLM 0.32 on CPU: x32)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=values["max_num_seqs"])
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="default: the longest request"

@@ -45,16 +45,16 @@ RETENTION_KEY = "randkv-demo"
 @dataclass(frozen=True)
 class DemoSettings:
     """The demo's workload and pool. The defaults: 8 answers of 288-416 tokens run 11-19
-    rounds each; the 88-block pool holds all 8 RandKV requests (8 x 10 blocks) but only
-    about three plain ones at full length, so plain vLLM preempts."""
+    rounds each; the 44-block pool (1408 tokens) holds all 8 RandKV requests (8 x 5 blocks)
+    but only about three plain ones at full length, so plain vLLM preempts."""
 
     requests: int = 8
     output_tokens: tuple[int, int] = (288, 416)
     # Greedy answers of a 135M model loop over one sentence without a penalty (both arms).
     repetition_penalty: float = 1.2
     randkv: RandKVConfig = DEMO_CONFIG
-    pool_blocks: int = 88
-    block_size: int = 16
+    pool_blocks: int = 44
+    block_size: int = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
     max_num_seqs: int = 8
     seed: int = 0
     showcase: int = 0  # the request whose two answers are printed
@@ -174,10 +174,10 @@ def retention_in_process(
         model=model,
         randkv=config,
         dtype="float32",
-        block_size=16,
+        block_size=32,
         max_model_len=2048,
         gpu_memory_utilization=0.2,
-        num_gpu_blocks_override=64,
+        num_gpu_blocks_override=32,
         enforce_eager=True,
     )
     params = SamplingParams(

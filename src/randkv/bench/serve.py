@@ -64,8 +64,8 @@ class ServeBench:
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     # 16 requests of at most K + 2r = 256 tokens fill the pool; plain vLLM fits about 3.
     randkv: RandKVConfig = field(default_factory=lambda: RandKVConfig(budget=128, buffer_size=64))
-    pool_blocks: int = 260
-    block_size: int = 16
+    pool_blocks: int = 130
+    block_size: int = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
     max_num_seqs: int = 16
     max_model_len: int | None = None  # None: the longest request of the workload
     # None: chosen for the platform by `platform_defaults` (a GPU figure taken with the CPU

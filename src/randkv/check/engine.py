@@ -61,8 +61,8 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
         why = "vLLM's CPU attention (vec/vec16 kernels checked at start-up)"
     else:
         block_size = 16
-        shape = tuple(backend.get_kv_cache_shape(100, block_size, 8, head_size))
         sizes = backend.get_supported_kernel_block_sizes()
+        shape = _gpu_cache_shape(backend, 100, block_size, 8, head_size, sizes)
         details.update(kv_cache_shape=shape, kernel_block_sizes=[str(s) for s in sizes])
         try:
             layout = gpu_kv_layout(shape, block_size, name)
@@ -72,6 +72,21 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
     status = "pass" if accepted else "fail"
     verb = "accepts" if accepted else "refuses"
     return {"status": status, "summary": f"vLLM picks {name}; RandKV {verb} it ({why})", **details}
+
+
+def _gpu_cache_shape(
+    backend: Any, blocks: int, block_size: int, heads: int, head_size: int, kernel_sizes: list
+) -> tuple[int, ...]:
+    """One layer's KV cache shape for this backend. vLLM up to 0.32 asks the backend
+    (`get_kv_cache_shape`); 0.34 gives every backend the logical view (blocks, heads,
+    kernel block, 2 x head size) and lets a backend pick only the stride order."""
+    if hasattr(backend, "get_kv_cache_shape"):
+        return tuple(backend.get_kv_cache_shape(blocks, block_size, heads, head_size))
+    bases = [getattr(s, "base", s) for s in kernel_sizes]
+    fits = any(block_size % base == 0 if hasattr(s, "base") else block_size == s
+               for s, base in zip(kernel_sizes, bases, strict=True))  # fmt: skip
+    kernel = block_size if fits or not bases else min(bases)
+    return (blocks * block_size // kernel, heads, kernel, 2 * head_size)
 
 
 def _modes(device: torch.device) -> list[tuple[str, dict[str, Any]]]:

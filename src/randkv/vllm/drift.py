@@ -468,24 +468,23 @@ def environment_problem() -> str | None:
 # --------------------------------------------------------------------------- all together
 
 
+def _randkv_vllm_module_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages([str(RANDKV_VLLM)], "randkv.vllm."))
+
+
 @functools.cache
 def imported_randkv_modules() -> tuple[Any, ...]:
     """Every module of randkv.vllm, imported (raises on the first that fails)."""
-    import randkv.vllm
-
-    names = sorted(m.name for m in pkgutil.walk_packages(randkv.vllm.__path__, "randkv.vllm."))
-    return tuple(importlib.import_module(name) for name in names)
+    return tuple(importlib.import_module(name) for name in _randkv_vllm_module_names())
 
 
 def module_import_problems() -> list[str]:
-    import randkv.vllm
-
     problems = []
-    for info in pkgutil.walk_packages(randkv.vllm.__path__, "randkv.vllm."):
+    for name in _randkv_vllm_module_names():
         try:
-            importlib.import_module(info.name)
+            importlib.import_module(name)
         except Exception as error:  # noqa: BLE001
-            problems.append(f"import {info.name}: {_describe(error)}")
+            problems.append(f"import {name}: {_describe(error)}")
     return problems
 
 

@@ -60,6 +60,7 @@ COORDINATOR = "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
 V1_BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 
 TOUCHPOINTS: tuple[Touch, ...] = (
     # ------------------------------------------------------------------ scheduler side
@@ -258,6 +259,58 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         runner="v1",
     ),  # fmt: skip
     attrs("vllm.v1.worker.gpu_input_batch:CachedRequestState", "block_ids", runner="v1"),
+    # ------------------------------------------------------------------ the V2 model runner
+    attrs(
+        V2_RUNNER,
+        "kv_cache_config",
+        "compilation_config",
+        "model_config",
+        "cache_config",
+        "vllm_config",
+        "req_states",
+        "block_tables",
+        "input_buffers",
+        "attn_groups",
+        "prepare_attn",
+        "sample",
+        runner="v2",
+    ),
+    attrs(
+        "vllm.v1.worker.gpu.states:RequestState",
+        "req_id_to_index",
+        "num_computed_tokens",
+        runner="v2",
+    ),  # fmt: skip
+    attrs("vllm.v1.worker.gpu.block_table:BlockTables", "num_blocks", runner="v2"),
+    attrs("vllm.v1.worker.gpu.buffer_utils:UvaBackedTensor", "np", runner="v2"),
+    attrs("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor", "gpu", runner="v2"),
+    attrs("vllm.v1.worker.gpu.input_batch:InputBuffers", "positions", "seq_lens", runner="v2"),
+    Touch(
+        "fields",
+        "vllm.v1.worker.gpu.input_batch:InputBatch",
+        (
+            "num_reqs",
+            "num_reqs_after_padding",
+            "num_tokens_after_padding",
+            "idx_mapping",
+            "query_start_loc",
+            "positions",
+            "seq_lens",
+            "seq_lens_cpu_upper_bound",
+            "num_computed_tokens_np",
+        ),
+        runner="v2",
+    ),
+    call("vllm.v1.worker.gpu.input_batch:prepare_pos_seq_lens", positional=5, runner="v2"),
+    call("vllm.v1.worker.gpu.attn_utils:get_shared_kv_cache_layers", positional=1, runner="v2"),
+    Touch(
+        "assigns",
+        "vllm.model_executor.layers.attention_layer_base",
+        ("kv_cache",),
+        runner="v2",
+        why="V2 keeps each layer's cache on the layer; its kv_caches list is not layer-ordered",
+    ),
+    attrs("vllm.v1.attention.backend:AttentionBackend", "get_supported_kernel_block_sizes"),
     # ------------------------------------------------------------------ offline LLM
     attrs("vllm:LLM", "llm_engine", "collective_rpc"),
     attrs("vllm.v1.engine.llm_engine:LLMEngine", "add_request", "output_processor"),
