@@ -203,7 +203,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, *
     return out.transpose(1, 2).contiguous(), probs
 
 
-def test_full_recompute_oracle_over_retained_positions(ckpt, model, batch_new):
+def _oracle_logprobs(ckpt, config, prompt, new, key) -> torch.Tensor:
     """Recompute every step from scratch: one full-sequence forward without a cache, where
     the query at position t of layer l, KV head h sees exactly the positions the spec says
     that head holds when t is decoded (retained after t tokens, plus t itself)."""
@@ -212,31 +212,56 @@ def test_full_recompute_oracle_over_retained_positions(ckpt, model, batch_new):
         ckpt, dtype=torch.float32, attn_implementation=ORACLE_NAME
     )
     text = oracle.config
+    sequence = prompt + new
+    n = len(sequence)
+    for layer in range(text.num_hidden_layers):
+        mask = torch.zeros(text.num_key_value_heads, n, n, dtype=torch.bool)
+        for head in range(text.num_key_value_heads):
+            for t in range(n):
+                held = spec.retained_positions(
+                    config,
+                    prompt_length=len(prompt),
+                    tokens_seen=t,
+                    request_key=key,
+                    layer=layer,
+                    kv_head=head,
+                )
+                mask[head, t, [*held, t]] = True
+        _ORACLE_MASKS[layer] = mask
+    with torch.inference_mode():
+        logits = oracle(torch.tensor([sequence]), use_cache=False).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1 : n - 1].float(), dim=-1)
+
+
+def test_full_recompute_oracle_over_retained_positions(ckpt, model, batch_new):
     for row in (0, 3):
         prompt, new = PROMPTS[row], batch_new[row]
         key = request_key_from_content(prompt)
-        sequence = prompt + new
-        n = len(sequence)
-        for layer in range(text.num_hidden_layers):
-            mask = torch.zeros(text.num_key_value_heads, n, n, dtype=torch.bool)
-            for head in range(text.num_key_value_heads):
-                for t in range(n):
-                    held = spec.retained_positions(
-                        CONFIG,
-                        prompt_length=len(prompt),
-                        tokens_seen=t,
-                        request_key=key,
-                        layer=layer,
-                        kv_head=head,
-                    )
-                    mask[head, t, [*held, t]] = True
-            _ORACLE_MASKS[layer] = mask
-        with torch.inference_mode():
-            logits = oracle(torch.tensor([sequence]), use_cache=False).logits[0]
-        want = torch.log_softmax(logits[len(prompt) - 1 : n - 1].float(), dim=-1)
+        want = _oracle_logprobs(ckpt, CONFIG, prompt, new, key)
         got = rh.teacher_forced_logprobs(model, prompt, new, randkv=CONFIG, request_key=key)
         torch.testing.assert_close(got.logprobs, want, atol=1e-4, rtol=0)
         assert want.argmax(-1).tolist() == new
+
+
+def test_a_long_prompt_is_served_whole_under_min_generated(ckpt, model):
+    """A prompt longer than K (min_generated): the cache takes the request's own K = P + G
+    and decodes exactly what the from-scratch oracle with the spec's retained sets does."""
+    config = RandKVConfig(budget=24, buffer_size=4, seed=7, min_generated=6)
+    prompt = list(b"a prompt longer than the budget K, kept whole")  # 45 tokens > 24
+    key = request_key_from_content(prompt)
+    new, _ = rh.reference_decode(model, prompt, randkv=config, request_key=key, max_new_tokens=60)
+    cache = rh.RandKVCache(model, config, request_keys=[key], prompt_lengths=[len(prompt)])
+    assert cache.config.budget == len(prompt) + 6  # its own K
+    want = _oracle_logprobs(ckpt, config, prompt, new, key)
+    got = rh.teacher_forced_logprobs(model, prompt, new, randkv=config, request_key=key)
+    torch.testing.assert_close(got.logprobs, want, atol=1e-4, rtol=0)
+    assert want.argmax(-1).tolist() == new
+    rounds = spec.num_rounds(config, prompt_length=len(prompt), tokens_seen=len(prompt) + 59)
+    assert rounds >= 3  # evictions ran among the generated tokens
+    # Rows with different budgets cannot share one cache's buffers: a clear refusal.
+    ids, mask = left_pad([prompt, list(b"short")])
+    with pytest.raises(ValueError, match="different RandKV budgets"):
+        rh.generate(model, ids, mask, randkv=config, max_new_tokens=2)
 
 
 def test_reference_decode_and_teacher_forcing_agree(ckpt, model, batch_new):

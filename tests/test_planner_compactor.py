@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from randkv import RandKVConfig, num_rounds, slot_positions, spec
 from randkv.compactor import KVLayout, PagedCompactor
 from randkv.planner import RoundPlanner, plan_round, to_key_tensor
+from randkv.rounds import RoundPlan
 from randkv.slotmap import SlotPositionMap
 
 
@@ -355,3 +356,47 @@ def test_compactor_refuses_caches_with_other_heads_or_dtypes():
         compactor.apply(plan, [torch.zeros(4, 2, 8, 8)] * 2, tables)
     with pytest.raises(ValueError, match="dtype"):
         compactor.apply(plan, [torch.zeros(4, 1, 8, 8), torch.zeros(4, 1, 8, 8).half()], tables)
+
+
+@given(
+    st.integers(1, 40),
+    st.integers(1, 8),
+    st.integers(1, 16),
+    st.lists(st.integers(0, 90), min_size=1, max_size=5),
+    st.lists(st.integers(0, 2**64 - 1), min_size=5, max_size=5),
+)
+@settings(max_examples=80, deadline=None)
+def test_requests_with_their_own_budgets_plan_as_the_spec_says(budget, r, g, prompts, keys):
+    """Long prompts under min_generated, in one batch with short ones: each row is planned
+    with its own K, and its moves take the tokens from its own slots [K + r, K + 2r)."""
+    config = RandKVConfig(budget=budget, buffer_size=r, min_generated=g)
+    keys = keys[: len(prompts)]
+    layers, heads = [0, 7], [2]
+    plan = RoundPlanner(config, layers, heads).plan(prompts, keys, [3] * len(prompts))
+    for b, (prompt, key) in enumerate(zip(prompts, keys, strict=True)):
+        own = config.for_request(prompt)
+        assert plan.row_sources(b).tolist() == list(spec.source_slots(own))
+        for li, layer in enumerate(layers):
+            expected = spec.evicted_slots(
+                config, prompt_length=prompt, request_key=key, round_index=3, layer=layer,
+                kv_head=2,
+            )  # fmt: skip
+            assert tuple(plan.evicted[b, li, 0].tolist()) == expected
+
+
+def test_per_request_sources_compact_each_request_in_its_own_slots():
+    """Two requests with different K in one compactor call, against per-token moves."""
+    r, block = 2, 4
+    budgets = [6, 10]  # K + 2r = 10 and 14 slots
+    evicted = torch.tensor([[[[2, 5]]], [[[3, 9]]]])  # (B, L=1, H=1, r)
+    plan = RoundPlan.of(RandKVConfig(budget=6, buffer_size=r), evicted, budgets)
+    assert plan.sources.tolist() == [[8, 9], [12, 13]]
+    cache = torch.arange(6 * 1 * block * 3, dtype=torch.float32).reshape(6, 1, block, 3)
+    tables = torch.tensor([[0, 1, 2, 5], [3, 4, 5, 2]])
+    expected = cache.clone()
+    for b in range(2):
+        for hole, source in zip(evicted[b, 0, 0].tolist(), plan.sources[b].tolist(), strict=True):
+            src = cache[tables[b, source // block], 0, source % block].clone()
+            expected[tables[b, hole // block], 0, hole % block] = src
+    PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, block).apply(plan, [cache], tables)
+    assert torch.equal(cache, expected)

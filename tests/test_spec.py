@@ -263,3 +263,70 @@ def test_worked_example():
                 config, prompt_length=3, tokens_seen=tokens, request_key=7, layer=0, kv_head=head
             )
             assert got == expected, (tokens, head)
+
+
+# --------------------------------------------------------------------------- a request's K
+
+
+def test_a_long_prompt_gets_its_own_budget_under_min_generated():
+    config = RandKVConfig(budget=16, buffer_size=4, min_generated=6)
+    # A prompt that fits in K - G is served as without the setting: K stays 16.
+    assert config.request_budget(10) == 16
+    assert config.for_request(10) == RandKVConfig(budget=16, buffer_size=4)
+    # Longer prompts keep the whole prompt plus G sampled generated tokens: K = P + G.
+    assert config.request_budget(11) == 17
+    assert config.request_budget(40) == 46
+    assert config.for_request(40) == RandKVConfig(budget=46, buffer_size=4)
+    # Off (the default), a prompt over K is refused, and the message names the setting.
+    with pytest.raises(PromptTooLongError, match="K=16; serve such prompts with min_generated"):
+        RandKVConfig(budget=16, buffer_size=4).request_budget(17)
+
+
+@given(
+    st.integers(1, 40),
+    st.integers(1, 8),
+    st.integers(1, 20),
+    st.integers(0, 120),
+    st.integers(0, 2**64 - 1),
+)
+@settings(max_examples=150, deadline=None)
+def test_long_prompt_decisions_follow_the_step_by_step_cadence(budget, r, g, prompt, key):
+    """A request's own K (max(K, P + G)) drives every spec function: the cadence of a
+    simulation with that K, the whole prompt kept, G + r generated tokens after a round."""
+    config = RandKVConfig(budget=budget, buffer_size=r, min_generated=g)
+    own = max(budget, prompt + g)
+    tokens = prompt + 5 * (own + 2 * r)
+    length = rounds = 0
+    for _ in range(tokens):
+        length += 1
+        if length == own + 2 * r:
+            length -= r
+            rounds += 1
+    assert physical_length(config, prompt_length=prompt, tokens_seen=tokens) == length
+    assert num_rounds(config, prompt_length=prompt, tokens_seen=tokens) == rounds
+    kept = retained_positions(
+        config, prompt_length=prompt, tokens_seen=tokens, request_key=key, layer=1, kv_head=2
+    )
+    assert set(range(prompt)) <= set(kept) and len(kept) == length
+    generated = [p for p in kept if p >= prompt]
+    if rounds:
+        assert len(generated) >= g + r
+
+
+def test_a_request_asks_for_its_own_budget_within_the_servers_range():
+    config = RandKVConfig(budget=32, buffer_size=4, max_request_budget=64)
+    assert config.request_budget(10) == 32
+    assert config.request_budget(10, 64) == 64
+    assert config.request_budget(10, 12) == 12
+    assert config.for_request(10, 48) == RandKVConfig(budget=48, buffer_size=4)
+    with pytest.raises(ValueError, match=r"randkv_budget must be in \[1, 64\].*got 65"):
+        config.request_budget(10, 65)
+    with pytest.raises(ValueError, match=r"must be an integer in \[1, 64\], got bool True"):
+        config.request_budget(10, True)
+    with pytest.raises(PromptTooLongError, match="K=12"):
+        config.request_budget(13, 12)
+    # Without max_request_budget a request may ask for less than K, never more.
+    with pytest.raises(ValueError, match=r"\[1, 32\]"):
+        RandKVConfig(budget=32, buffer_size=4).request_budget(1, 33)
+    with pytest.raises(ValueError, match=r"max_request_budget must be in \[32, "):
+        RandKVConfig(budget=32, max_request_budget=16)

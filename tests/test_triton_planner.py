@@ -63,6 +63,30 @@ def test_triton_plans_equal_the_spec_and_the_torch_planner(budget, buffer, seed)
 
 
 @needs_interpreter
+def test_triton_plans_rows_with_their_own_budgets():
+    """A long prompt under min_generated and a request's own K beside the server's K."""
+    config = RandKVConfig(budget=20, buffer_size=4, seed=7, min_generated=6, max_request_budget=40)
+    prompts, keys, rounds = [3, 35, 10], [5, 6, 2**64 - 2], [0, 1, 2**33]
+    budgets = [20, config.request_budget(35), config.request_budget(10, 40)]
+    assert budgets == [20, 41, 40]
+    layers, heads = [1, 4], [0, 2]
+    fast = RoundPlanner(config, layers, heads, backend="triton").plan(
+        prompts, keys, rounds, budgets
+    )
+    slow = RoundPlanner(config, layers, heads, backend="torch").plan(prompts, keys, rounds, budgets)
+    assert torch.equal(fast.evicted, slow.evicted) and torch.equal(fast.sources, slow.sources)
+    for b in range(3):
+        own = config.with_budget(budgets[b])
+        for li, layer in enumerate(layers):
+            for hi, head in enumerate(heads):
+                expected = spec.evicted_slots(
+                    own, prompt_length=prompts[b], request_key=keys[b], round_index=rounds[b],
+                    layer=layer, kv_head=head,
+                )  # fmt: skip
+                assert tuple(fast.evicted[b, li, hi].tolist()) == expected
+
+
+@needs_interpreter
 def test_a_64_round_step_is_a_constant_few_launches():
     from randkv.launches import planner_launches
 
@@ -110,4 +134,4 @@ def test_in_a_process_that_interprets_triton():
     run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
     done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "8 passed" in done.stdout, done.stdout[-2000:]
+    assert "9 passed" in done.stdout, done.stdout[-2000:]

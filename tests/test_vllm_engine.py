@@ -304,3 +304,104 @@ def test_stats_report_returned_requests_as_finished(engines):
     assert llm.randkv_request_stats("still-running")["finished"] is True
     engine.step()  # the abort reaches the scheduler and the worker
     assert not engine.has_unfinished_requests()
+
+
+# --------------------------------------------------------------------------- a request's K
+
+LONG = RandKVConfig(budget=96, buffer_size=8, seed=3, min_generated=24, max_request_budget=160)
+LONG_PROMPT = "A retrieval context far longer than the budget. " * 4  # 200 bytes > K = 96
+
+
+@pytest.fixture(scope="module")
+def long_engine(tiny_model_path):
+    from randkv.vllm import LLM
+
+    return LLM(model=tiny_model_path, randkv=LONG, num_gpu_blocks_override=64, **COMMON)
+
+
+def test_long_prompts_are_served_whole_with_their_own_budget(long_engine, tiny_model_path):
+    """Under min_generated a prompt over K is served: its own K is P + G, the prompt stays
+    whole, the evictions are the spec's and the tokens the Transformers reference's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from randkv.hf import reference_decode
+
+    llm = long_engine
+    key = "long-prompt"
+    params = SamplingParams(
+        temperature=0, max_tokens=260, ignore_eos=True, extra_args={"randkv_key": key}
+    )
+    output = llm.generate([LONG_PROMPT], params, use_tqdm=False)[0]
+    prompt_ids = list(output.prompt_token_ids)
+    assert len(prompt_ids) > LONG.budget
+    own = LONG.for_request(len(prompt_ids))
+    assert own.budget == len(prompt_ids) + LONG.min_generated
+    tokens_seen = len(prompt_ids) + len(output.outputs[0].token_ids) - 1
+    slots = llm.randkv_slot_positions(output.request_id)
+    for layer, heads in enumerate(slots):
+        for head, got in enumerate(heads):
+            want = slot_positions(
+                LONG, prompt_length=len(prompt_ids), tokens_seen=tokens_seen,
+                request_key=request_key_from_text(key), layer=layer, kv_head=head,
+            )  # fmt: skip
+            assert tuple(got) == want
+            assert tuple(got[: len(prompt_ids)]) == tuple(range(len(prompt_ids)))
+    stats = llm.randkv_request_stats(output.request_id)
+    assert stats["rounds"] >= 10 and stats["physical_length"] <= own.max_physical_length
+    assert llm.randkv_stats()["scheduler"]["long_prompts"] >= 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    reference, _ = reference_decode(
+        model, prompt_ids, randkv=LONG, request_key=request_key_from_text(key),
+        max_new_tokens=len(output.outputs[0].token_ids),
+    )  # fmt: skip
+    assert reference == list(output.outputs[0].token_ids)
+
+
+def test_long_and_short_prompts_share_a_batch_and_prompt_blocks(long_engine):
+    """Two long prompts with one prefix and a short one, in one batch: each keeps its own
+    decisions (as when run alone), and the long prompts share their whole prompt blocks."""
+    llm = long_engine
+    _scheduler(llm).reset_prefix_cache()
+    prompts = [LONG_PROMPT + "First question?", PROMPTS[2], LONG_PROMPT + "Second one?"]
+    params = SamplingParams(temperature=0, max_tokens=180, ignore_eos=True)
+    alone = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    _scheduler(llm).reset_prefix_cache()
+    batch = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(batch) == _tokens(alone)
+    for a, b in zip(alone, batch, strict=True):
+        assert llm.randkv_slot_positions(a.request_id) == llm.randkv_slot_positions(b.request_id)
+    again = llm.generate([prompts[2]], params, use_tqdm=False)[0]
+    shared = len(LONG_PROMPT) // BLOCK * BLOCK  # byte-level tokens: whole shared blocks
+    assert again.num_cached_tokens >= shared - BLOCK  # the long prompt's blocks were shared
+    assert _tokens([again]) == _tokens([alone[2]])
+
+
+def test_a_request_asks_for_its_own_budget(long_engine):
+    llm = long_engine
+    prompt = PROMPTS[1]
+    results = {}
+    for budget in (40, 160):
+        params = SamplingParams(
+            temperature=0, max_tokens=220, ignore_eos=True,
+            extra_args={"randkv_key": "own-budget", "randkv_budget": budget},
+        )  # fmt: skip
+        output = llm.generate([prompt], params, use_tqdm=False)[0]
+        p = len(output.prompt_token_ids)
+        own = LONG.for_request(p, budget)
+        tokens_seen = p + len(output.outputs[0].token_ids) - 1
+        got = llm.randkv_slot_positions(output.request_id)[1][0]
+        want = slot_positions(
+            own, prompt_length=p, tokens_seen=tokens_seen,
+            request_key=request_key_from_text("own-budget"), layer=1, kv_head=0,
+        )  # fmt: skip
+        assert tuple(got) == want
+        results[budget] = len(got)
+    assert results[40] < results[160]  # less room, fewer tokens kept
+    refused = llm.generate(
+        [prompt],
+        SamplingParams(max_tokens=5, extra_args={"randkv_budget": 161}),
+        use_tqdm=False,
+    )[0]
+    assert refused.outputs[0].finish_reason == "error"
+    assert "randkv_budget must be in [1, 160]" in str(refused.outputs[0].stop_reason)

@@ -94,6 +94,13 @@ def _on_device(
     return host_to_device(plan.evicted, device), host_to_device(plan.sources, device), tables
 
 
+def _per_request(sources: torch.Tensor, batch: int) -> torch.Tensor:
+    """Source slots as (B, 1, 1, r): shared (r,) ones, or one row per request (B, r)."""
+    if sources.dim() == 1:
+        return sources[None, None, None, :].expand(batch, 1, 1, -1)
+    return sources[:, None, None, :]
+
+
 def _slot_coordinates(
     slots: torch.Tensor, block_tables: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +220,7 @@ class PagedCompactor:
         evicted, sources, block_tables = _on_device(plan, block_tables, device)
         batch, _, _, r = evicted.shape
         head = torch.arange(heads, device=device)[None, None, :, None]
-        sources = sources[None, None, None, :].expand(batch, 1, heads, r)
+        sources = _per_request(sources, batch).expand(batch, 1, heads, r)
 
         def element_index(slots: torch.Tensor) -> torch.Tensor:
             blocks, offsets = _slot_coordinates(slots, block_tables, block_size)
@@ -234,7 +241,7 @@ class PagedCompactor:
         evicted, sources, block_tables = _on_device(plan, block_tables, device)
         batch, layers, heads, r = evicted.shape
         head = torch.arange(heads, device=device)[None, None, :, None]
-        sources = sources[None, None, None, :].expand(batch, 1, heads, r)
+        sources = _per_request(sources, batch).expand(batch, 1, heads, r)
         src_block, src_offset = _slot_coordinates(sources, block_tables, self.block_size)
         dst_block, dst_offset = _slot_coordinates(evicted, block_tables, self.block_size)
         if self.layout is KVLayout.BLOCK_HEAD_SLOT:

@@ -21,7 +21,7 @@ from functools import lru_cache
 import torch
 
 from randkv import spec
-from randkv.config import RandKVConfig
+from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.hostsync import host_to_device
 from randkv.rounds import RoundPlan, source_slots
 
@@ -193,16 +193,16 @@ class RoundPlanner:
         from randkv import triton_planner
 
         sites, r = self._site_flat.numel(), self.config.buffer_size
-        ints = torch.zeros(4, dtype=torch.int64, device=self.device)
+        ints = torch.zeros(5, dtype=torch.int64, device=self.device)
         return triton_planner.plan_rows(
             keys=None,
             states=ints[:1],
             sites=self._site_flat,
             prompts=ints[1:2],
             caps=ints[2:3],
-            ok=ints[3:],
+            compacted=ints[3:4],
+            ok=ints[4:],
             out=torch.empty((1, sites, r), dtype=torch.int64, device=self.device),
-            compacted_length=self.config.compacted_length,
             seed_state=self._seed_state,
             warmup=True,
         )
@@ -219,14 +219,17 @@ class RoundPlanner:
         prompt_lengths: torch.Tensor | Sequence[int],
         request_keys: torch.Tensor | Sequence[int],
         round_indices: torch.Tensor | Sequence[int],
+        budgets: Sequence[int] | None = None,
     ) -> RoundPlan:
         """Plan one round for each of B requests, without reading device data back.
 
         prompt_lengths and round_indices are B Python ints (a tensor is read with
         .tolist(): free for a CPU tensor, a host sync for a device one). request_keys are
         B unsigned 64-bit ints, or an int64 tensor of their bit patterns on any device (see
-        `to_key_tensor`). Host data reaches the device in one pinned, non-blocking copy;
-        with Python-int inputs the call makes no host sync.
+        `to_key_tensor`). budgets are each request's own K (`RandKVConfig.request_budget`),
+        default the config's for that prompt (long prompts under `min_generated` included).
+        Host data reaches the device in one pinned, non-blocking copy; with Python-int
+        inputs the call makes no host sync.
         """
         config, r, device = self.config, self.config.buffer_size, self.device
         prompts, rounds = _host_ints(prompt_lengths), _host_ints(round_indices)
@@ -239,13 +242,21 @@ class RoundPlanner:
         shape = (batch, len(self.layers), len(self.kv_heads), r)
         if batch == 0:
             return RoundPlan(torch.empty(shape, dtype=torch.int64, device=device), self._sources)
-        config.check_prompt(max(prompts))
         if min(prompts) < 0:
             raise ValueError(f"prompt lengths must be >= 0, got {min(prompts)}")
-        candidates = [config.compacted_length - p for p in prompts]  # n per request, >= r
+        if budgets is None:
+            budgets = [config.request_budget(p) for p in prompts]
+        elif len(budgets) != batch:
+            raise ValueError(f"got {len(budgets)} budgets for {batch} requests")
+        for prompt, budget in zip(prompts, budgets, strict=True):
+            if prompt > budget:
+                raise PromptTooLongError(prompt, budget)
+        compacted = [budget + r for budget in budgets]  # K + r of each request
+        candidates = [c - p for c, p in zip(compacted, prompts, strict=True)]  # n, >= r
         draws = [_safe_draws(*_draw_bucket(n, r), r) for n in candidates]
+        sources = self._plan_sources(budgets)
         if self.backend == "triton":
-            return self._plan_triton(prompts, request_keys, rounds, draws, shape)
+            return self._plan_triton(prompts, request_keys, rounds, draws, compacted, sources)
         # Requests that need many draws (prompts near K) go first and share chunks.
         order = sorted(range(batch), key=lambda b: -draws[b])
         inverse = sorted(range(batch), key=order.__getitem__)
@@ -259,8 +270,10 @@ class RoundPlanner:
                 _signed(spec.request_state(config.seed, key, index))
                 for key, index in zip(request_keys, rounds, strict=True)
             ]
-        packed = torch.tensor(prompts + second + order + inverse, dtype=torch.int64)
-        prompt_t, second_t, order_t, inverse_t = host_to_device(packed, device).view(4, batch)
+        packed = torch.tensor(prompts + second + order + inverse + compacted, dtype=torch.int64)
+        prompt_t, second_t, order_t, inverse_t, compacted_t = host_to_device(packed, device).view(
+            5, batch
+        )
         if tensor_keys:
             keys = host_to_device(request_keys.to(torch.int64), device)
             streams = self.stream_keys(keys, second_t)
@@ -270,9 +283,10 @@ class RoundPlanner:
         if permuted:
             streams = streams.index_select(0, order_t)
             prompt_t = prompt_t.index_select(0, order_t)
+            compacted_t = compacted_t.index_select(0, order_t)
         sites = len(self.layers) * len(self.kv_heads)
         streams = streams.reshape(-1)
-        n = (config.compacted_length - prompt_t)[:, None].expand(batch, sites).reshape(-1, 1)
+        n = (compacted_t - prompt_t)[:, None].expand(batch, sites).reshape(-1, 1)
         threshold = (1 << 32) % n
         chunks = _chunks(
             [candidates[b] for b in order], [draws[b] for b in order], sites, self.scratch_bytes
@@ -285,7 +299,17 @@ class RoundPlanner:
         evicted = evicted + prompt_t[:, None, None, None]
         if permuted:
             evicted = evicted.index_select(0, inverse_t)
-        return RoundPlan(evicted=evicted, sources=self._sources)
+        return RoundPlan(evicted=evicted, sources=sources)
+
+    def _plan_sources(self, budgets: Sequence[int]) -> torch.Tensor:
+        """The source slots [K + r, K + 2r): shared (r,) when every request has the
+        config's K, else one row per request (B, r)."""
+        config = self.config
+        if all(budget == config.budget for budget in budgets):
+            return self._sources
+        r = config.buffer_size
+        rows = [list(range(budget + r, budget + 2 * r)) for budget in budgets]
+        return host_to_device(torch.tensor(rows, dtype=torch.int64), self.device)
 
     def _plan_triton(
         self,
@@ -293,7 +317,8 @@ class RoundPlanner:
         request_keys: torch.Tensor | Sequence[int],
         rounds: list[int],
         draws: list[int],
-        shape: tuple[int, ...],
+        compacted: list[int],
+        sources: torch.Tensor,
     ) -> RoundPlan:
         """One host-to-device copy, one kernel, one device-side assert (see triton_planner)."""
         from randkv import triton_planner
@@ -308,27 +333,27 @@ class RoundPlanner:
                 for key, index in zip(request_keys, rounds, strict=True)
             ]
         # The ok flag (1 until a row runs out of draws) rides in the same copy.
-        packed = torch.tensor(prompts + states + draws + [1], dtype=torch.int64)
+        packed = torch.tensor(prompts + states + draws + compacted + [1], dtype=torch.int64)
         on_device = host_to_device(packed, device)
-        prompt_t, state_t, cap_t = on_device[: 3 * batch].view(3, batch)
-        ok = on_device[3 * batch :]
+        prompt_t, state_t, cap_t, compacted_t = on_device[: 4 * batch].view(4, batch)
+        ok = on_device[4 * batch :]
         keys = host_to_device(request_keys.to(torch.int64), device) if tensor_keys else None
-        out = torch.empty(
-            (batch, self._site_flat.numel(), shape[-1]), dtype=torch.int64, device=device
-        )
+        r = self.config.buffer_size
+        out = torch.empty((batch, self._site_flat.numel(), r), dtype=torch.int64, device=device)
         triton_planner.plan_rows(
             keys=keys,
             states=state_t,
             sites=self._site_flat,
             prompts=prompt_t,
             caps=cap_t,
+            compacted=compacted_t,
             ok=ok,
             out=out,
-            compacted_length=self.config.compacted_length,
             seed_state=self._seed_state,
         )
         torch._assert_async(ok[0], "RandKV planner: a stream ran out of draws")
-        return RoundPlan(evicted=out.view(shape), sources=self._sources)
+        shape = (batch, len(self.layers), len(self.kv_heads), r)
+        return RoundPlan(evicted=out.view(shape), sources=sources)
 
 
 def planner_peak_bytes(
@@ -376,10 +401,11 @@ def plan_round(
     layers: Sequence[int],
     kv_heads: Sequence[int],
     device: torch.device | str = "cpu",
+    budgets: Sequence[int] | None = None,
 ) -> RoundPlan:
     """One-shot `RoundPlanner(config, layers, kv_heads, device).plan(...)`."""
     planner = RoundPlanner(config, layers, kv_heads, device)
-    return planner.plan(prompt_lengths, request_keys, round_indices)
+    return planner.plan(prompt_lengths, request_keys, round_indices, budgets)
 
 
 def bounded_draws(

@@ -42,7 +42,9 @@ def move_slots(
 
     state[..., holes[..., i]] takes state[..., sources[i]]; then, if `fill` is given, the
     source slots (free after the round) are set to it. A list takes a sequence of holes; a
-    tensor takes holes of its leading shape plus r (on any device; moved to the state's).
+    tensor takes holes of its leading shape plus r (on any device; moved to the state's),
+    and sources of shape (r,), or (B, r) with one row per leading index of `state` (requests
+    with their own budgets).
     """
     if isinstance(state, list):
         moved = [state[s] for s in sources]
@@ -53,6 +55,13 @@ def move_slots(
                 state[s] = fill
         return state
     device = state.device
+    if hasattr(sources, "dim") and sources.dim() == 2:  # one row of sources per request
+        rows = sources.to(device).reshape(sources.shape[0], *[1] * (state.dim() - 2), -1)
+        rows = rows.expand(*state.shape[:-1], rows.shape[-1])
+        state.scatter_(-1, holes.to(device), state.gather(-1, rows))  # type: ignore[union-attr]
+        if fill is not None:
+            state.scatter_(-1, rows, fill)
+        return state
     index = sources.to(device) if hasattr(sources, "to") else list(sources)
     state.scatter_(-1, holes.to(device), state[..., index])  # type: ignore[union-attr]
     if fill is not None:
@@ -65,16 +74,28 @@ class RoundPlan:
     """One eviction round for a batch of requests.
 
     evicted[b, l, h] are the r slots (in draw order) that request b, layer l, head h
-    empties; the token in slot sources[i] then moves into evicted[b, l, h, i].
+    empties; the token in slot sources[i] (sources[b, i] when requests have their own
+    budgets) then moves into evicted[b, l, h, i].
     """
 
     evicted: torch.Tensor  # (requests, layers, kv_heads, r) int64
-    sources: torch.Tensor  # (r,) int64: slots K + r .. K + 2r - 1
+    sources: torch.Tensor  # (r,) or (requests, r) int64: slots K + r .. K + 2r - 1
 
     @classmethod
-    def of(cls, config: RandKVConfig, evicted: torch.Tensor) -> RoundPlan:
-        """The plan that fills `evicted` from the config's source slots (on its device)."""
-        return cls(evicted=evicted, sources=evicted.new_tensor(source_slots(config)))
+    def of(
+        cls, config: RandKVConfig, evicted: torch.Tensor, budgets: Sequence[int] | None = None
+    ) -> RoundPlan:
+        """The plan that fills `evicted` from the source slots (on its device) of the
+        config's K, or of each request's own K in `budgets`."""
+        if budgets is None or all(b == config.budget for b in budgets):
+            return cls(evicted=evicted, sources=evicted.new_tensor(source_slots(config)))
+        r = config.buffer_size
+        rows = [list(range(b + r, b + 2 * r)) for b in budgets]
+        return cls(evicted=evicted, sources=evicted.new_tensor(rows))
+
+    def row_sources(self, row: int) -> torch.Tensor:
+        """The source slots of request `row`, (r,)."""
+        return self.sources if self.sources.dim() == 1 else self.sources[row]
 
     @property
     def num_moves(self) -> int:

@@ -8,6 +8,11 @@ Terms
 - T, tokens seen: tokens whose keys/values have been written to the cache.
 - P, prompt length; K, budget; r, buffer size.
 - Slot: an index into a request's physical cache (the same for every head).
+
+Every function takes the server's config and applies a request's own budget itself
+(`RandKVConfig.for_request`: with `min_generated`, a prompt longer than K - G raises that
+request's K to P + G). A request that asked for its own budget passes
+`config.for_request(P, requested)`; that config passes through unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ MIX_MULTIPLIER_2 = 0x94D049BB133111EB
 
 def num_rounds(config: RandKVConfig, *, prompt_length: int, tokens_seen: int) -> int:
     """Eviction rounds completed once `tokens_seen` tokens are in the cache."""
-    _check_lengths(config, prompt_length, tokens_seen)
+    config = _request_config(config, prompt_length, tokens_seen)
     if tokens_seen < config.max_physical_length:
         return 0
     return 1 + (tokens_seen - config.max_physical_length) // config.buffer_size
@@ -39,25 +44,26 @@ def num_rounds(config: RandKVConfig, *, prompt_length: int, tokens_seen: int) ->
 
 def physical_length(config: RandKVConfig, *, prompt_length: int, tokens_seen: int) -> int:
     """Slots a request occupies (per head; every head has the same) after `tokens_seen`."""
-    _check_lengths(config, prompt_length, tokens_seen)
+    config = _request_config(config, prompt_length, tokens_seen)
     if tokens_seen < config.max_physical_length:
         return tokens_seen
     return config.compacted_length + (tokens_seen - config.max_physical_length) % config.buffer_size
 
 
 def round_fires_at(config: RandKVConfig, round_index: int) -> int:
-    """The tokens-seen count at which round `round_index` (0-based) fires."""
+    """The tokens-seen count at which round `round_index` (0-based) fires (`config`: the
+    request's own, `config.for_request(P)`)."""
     return config.max_physical_length + round_index * config.buffer_size
 
 
-def _check_lengths(config: RandKVConfig, prompt_length: int, tokens_seen: int) -> None:
+def _request_config(config: RandKVConfig, prompt_length: int, tokens_seen: int) -> RandKVConfig:
     if prompt_length < 0 or tokens_seen < 0:
         raise ValueError(
             f"prompt_length and tokens_seen must be >= 0, got {prompt_length} and {tokens_seen}"
         )
     # tokens_seen < prompt_length is a partially computed (chunked) prompt: no round can
-    # fire then, because prompt_length <= K < K + 2r.
-    config.check_prompt(prompt_length)
+    # fire then, because prompt_length <= K < K + 2r (the request's own K).
+    return config.for_request(prompt_length)
 
 
 # --------------------------------------------------------------------------- hashing
@@ -148,7 +154,7 @@ def evicted_slots(
     which sit in slots [K + r, K + 2r) when the round fires. The i-th hole receives
     the token in slot K + r + i.
     """
-    config.check_prompt(prompt_length)
+    config = config.for_request(prompt_length)
     n = config.compacted_length - prompt_length
     stream = stream_key(config.seed, request_key, round_index, layer, kv_head)
     picks = sample_without_replacement(stream, n, config.buffer_size)
@@ -165,6 +171,7 @@ def slot_positions(
     kv_head: int,
 ) -> tuple[int, ...]:
     """Absolute position held by each physical slot of one (layer, head), in slot order."""
+    config = config.for_request(prompt_length)
     rounds = num_rounds(config, prompt_length=prompt_length, tokens_seen=tokens_seen)
     if rounds == 0:
         return tuple(range(tokens_seen))

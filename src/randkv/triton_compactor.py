@@ -36,7 +36,7 @@ _WORDS = {8: tl.int64, 4: tl.int32, 2: tl.int16, 1: tl.int8}
 def _fill_holes(
     layer_addrs,  # (L,) int64: each layer's cache.data_ptr()
     evicted,  # (B, L, H, r) int64 hole slots, contiguous
-    sources,  # (r,) int64 source slots
+    sources,  # (B, r) int64 source slots of each request
     tables,  # (B, table_width) int64 block ids, contiguous
     table_width,
     num_layers,
@@ -64,7 +64,7 @@ def _fill_holes(
     valid = m < moves
     head = m // r
     dst_slot = tl.load(evicted + bl * moves + m, mask=valid, other=0)
-    src_slot = tl.load(sources + m % r, mask=valid, other=0)
+    src_slot = tl.load(sources + request * r + m % r, mask=valid, other=0)
     dst_col = dst_slot // block_size
     src_col = src_slot // block_size
     # Bounds checks keep a malformed plan or table from touching memory outside the cache.
@@ -188,7 +188,8 @@ class TritonCompactor:
             return
         device = caches[0].device
         evicted = host_to_device(plan.evicted, device).to(torch.int64).contiguous()
-        sources = host_to_device(plan.sources, device).to(torch.int64).contiguous()
+        sources = host_to_device(plan.sources, device).to(torch.int64)
+        sources = sources.expand(batch, r).contiguous()  # one row per request
         tables = host_to_device(block_tables.to(torch.int64).contiguous(), device)
         grid, args, options = self._launch(caches, evicted, sources, tables)
         KERNEL.launch(device, grid, *args, **options)
@@ -204,7 +205,7 @@ class TritonCompactor:
         evicted = torch.zeros(
             (1, len(caches), heads, buffer_size), dtype=torch.int64, device=device
         )
-        sources = torch.zeros(buffer_size, dtype=torch.int64, device=device)
+        sources = torch.zeros((1, buffer_size), dtype=torch.int64, device=device)
         tables = torch.zeros((1, 3), dtype=torch.int64, device=device)  # width: unspecialised
         grid, args, options = self._launch(caches, evicted, sources, tables)
         return KERNEL.warmup(device, grid, *args, **options)

@@ -49,11 +49,11 @@ def _plan_rows(
     sites,  # (S,) int64 site states of the planned (layer, head) pairs
     prompts,  # (B,) int64 prompt lengths
     caps,  # (B,) int64 draws after which a row gives up
+    compacted,  # (B,) int64 K + r of each request (its own budget K)
     ok,  # (1,) int64 flag, cleared by a row that gave up
     out,  # (B, S, r) int64 evicted slots
     num_sites,
     r,
-    compacted_length,  # K + r
     seed_state,  # int64 bit pattern of spec.seed_state(seed)
     HASH_KEYS: tl.constexpr,
     BLOCK_R: tl.constexpr,  # r rounded up to a power of two
@@ -68,7 +68,7 @@ def _plan_rows(
         state = _fold(_fold(seed, key), state)
     stream = _fold(state, tl.load(sites + pid % num_sites).to(tl.uint64, bitcast=True))
     prompt = tl.load(prompts + b)
-    n = (compacted_length - prompt).to(tl.uint64)
+    n = (tl.load(compacted + b) - prompt).to(tl.uint64)
     threshold = _TWO32 % n
     cap = tl.load(caps + b)
     lanes = tl.arange(0, BLOCK_D)
@@ -102,8 +102,17 @@ def _plan_rows(
 KERNEL = Kernel(
     _plan_rows,
     # Per-step values: unspecialised, so a serving engine compiles one variant.
-    do_not_specialize=("num_sites", "r", "compacted_length", "seed_state"),
-    do_not_specialize_on_alignment=("keys", "states", "sites", "prompts", "caps", "ok", "out"),
+    do_not_specialize=("num_sites", "r", "seed_state"),
+    do_not_specialize_on_alignment=(
+        "keys",
+        "states",
+        "sites",
+        "prompts",
+        "caps",
+        "compacted",
+        "ok",
+        "out",
+    ),
     interpretable=False,
 )
 
@@ -123,9 +132,9 @@ def plan_rows(
     sites: torch.Tensor,
     prompts: torch.Tensor,
     caps: torch.Tensor,
+    compacted: torch.Tensor,
     ok: torch.Tensor,
     out: torch.Tensor,
-    compacted_length: int,
     seed_state: int,
     warmup: bool = False,
 ) -> float:
@@ -138,11 +147,11 @@ def plan_rows(
         sites,
         prompts,
         caps,
+        compacted,
         ok,
         out,
         num_sites,
         r,
-        compacted_length,
         seed_state,
     )
     options = {

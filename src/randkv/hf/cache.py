@@ -226,9 +226,10 @@ class RandKVCache(Cache):
             for length in prompt_lengths:
                 if length < 1:
                     raise ValueError(f"prompt lengths must be >= 1, got {length}")
-                randkv_config.check_prompt(int(length))
         text = config.get_text_config(decoder=True)
-        self.config = randkv_config
+        self.server_config = randkv_config
+        # The rows' own config (`RandKVConfig.for_request`), once their prompts are known.
+        self.config = randkv_config.with_budget(randkv_config.budget)
         self.num_layers = int(text.num_hidden_layers)
         self.num_kv_heads = int(
             getattr(text, "num_key_value_heads", None) or text.num_attention_heads
@@ -239,11 +240,34 @@ class RandKVCache(Cache):
         self.observing = False  # attention hooks are installed (randkv.hf.attention_hooks)
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
-        self._compactor = PagedCompactor(
-            KVLayout.BLOCK_HEAD_SLOT, randkv_config.max_physical_length
-        )
         super().__init__(layers=[_RandKVLayer(self, i) for i in range(self.num_layers)])
         self._reset_state()
+
+    def _resolve_budget(self) -> None:
+        """Set `config` to the rows' own (long prompts under min_generated raise K); every
+        row of one cache must share it, since they share buffers of K + 2r slots."""
+        budgets = {self.server_config.request_budget(p) for p in self._prompts if p is not None}
+        if len(budgets) > 1:
+            raise ValueError(
+                f"rows of this batch have different RandKV budgets {sorted(budgets)} (prompts "
+                f"longer than K - min_generated get K = P + min_generated); run them in "
+                "separate caches (e.g. one row each)"
+            )
+        if not budgets or budgets == {self.config.budget}:
+            return
+        if any(layer.is_initialized for layer in self.layers):
+            raise ValueError("RandKVCache: a row's budget changed after its buffers were made")
+        self.config = self.server_config.with_budget(budgets.pop())
+        if self._positions is not None:
+            self._positions = self._new_positions()
+
+    def _new_positions(self) -> torch.Tensor:
+        shape = (self.batch_rows, self.num_layers, self.num_kv_heads)
+        return torch.full((*shape, self.config.max_physical_length), -1, dtype=torch.int64)
+
+    @property
+    def _compactor(self) -> PagedCompactor:
+        return PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, self.config.max_physical_length)
 
     # ----------------------------------------------------------------- construction helpers
 
@@ -287,15 +311,8 @@ class RandKVCache(Cache):
         self._query_slots: torch.Tensor | None = None
         self._statistic: torch.Tensor | None = None  # the selector's, when it reads attention
         self._groups: list[tuple[list[int], torch.device]] | None = None
-        self._positions = (
-            torch.full(
-                (batch, self.num_layers, self.num_kv_heads, self.config.max_physical_length),
-                -1,
-                dtype=torch.int64,
-            )
-            if self.track_positions
-            else None
-        )
+        self._positions = self._new_positions() if self.track_positions else None
+        self._resolve_budget()
         self.eviction_seconds = 0.0  # planning + compaction + position tracking
         self.plan_seconds = 0.0
         self.compact_seconds = 0.0
@@ -395,13 +412,15 @@ class RandKVCache(Cache):
             )
         self.flush()
         counts = real.sum(1).tolist()
+        if any(c and p is None for c, p in zip(counts, self._prompts, strict=True)):
+            for b, count in enumerate(counts):
+                if count and self._prompts[b] is None:
+                    self._prompts[b] = count
+            self._resolve_budget()
         capacity = self.config.max_physical_length
         for b, count in enumerate(counts):
             if count == 0:
                 continue
-            if self._prompts[b] is None:
-                self._prompts[b] = count
-                self.config.check_prompt(count)
             if self._length[b] + count > capacity:
                 raise ValueError(
                     f"row {b}: {count} new tokens would cross an eviction round (buffer "

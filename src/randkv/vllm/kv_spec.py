@@ -18,14 +18,15 @@ class RandKVFullAttentionSpec(FullAttentionSpec):
     """Full attention whose per-request footprint is bounded by RandKV, not max_model_len.
 
     vLLM's start-up check sizes one max_model_len sequence from this method; with RandKV
-    a request never holds more than K + 2r tokens of blocks.
+    a request never holds more than K + 2r tokens of blocks (the largest K a request may ask
+    for). Under `min_generated` a long prompt's own K grows with it, up to max_model_len.
     """
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
         config = config_from_vllm(vllm_config)
         tokens = vllm_config.model_config.max_model_len
-        if config is not None:
-            tokens = min(tokens, config.max_physical_length)
+        if config is not None and config.min_generated is None:
+            tokens = min(tokens, config.largest_budget + 2 * config.buffer_size)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
 

@@ -31,14 +31,18 @@ class RoundDirective:
     prompt_length: int
     request_key: int
     block_ids: tuple[int, ...]
+    budget: int  # the request's own K
 
 
 @dataclass
 class RandKVStepPlan:
-    """Everything RandKV's workers need for one step."""
+    """Everything RandKV's workers need for one step. `budgets`: the K of every request
+    scheduled this step whose K is not the server's (a long prompt under min_generated, or
+    a request's own randkv_budget)."""
 
     directives: dict[str, RoundDirective] = field(default_factory=dict)
     scheduler_counters: dict[str, int] = field(default_factory=dict)
+    budgets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -86,6 +86,8 @@ METRICS: tuple[Metric, ...] = (
            "KV blocks held by RandKV requests now"),
     Metric("rejected_prompts", "counter", _S, _ONCE,
            "requests refused because the prompt exceeds K", "scheduler"),
+    Metric("long_prompts", "counter", _S, _ONCE,
+           "requests served with a prompt longer than K (min_generated)", "scheduler"),
     Metric("preemptions", "counter", _S, _ONCE,
            "preemptions of RandKV requests (each replays its rounds)", "scheduler"),
 )  # fmt: skip

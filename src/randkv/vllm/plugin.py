@@ -89,7 +89,7 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVCon
     for name, value in randkv_engine_kwargs(config, current).items():
         setattr(engine_args, name, value)
     if serving:  # the HTTP checks and the /metrics advice concern servers only
-        front_door.install()
+        front_door.install(config)
         if METRICS_ENV not in os.environ:
             _warn_once_about_metrics()
     return config

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from randkv.config import RandKVConfig
 from randkv.spec import coerce_request_key, request_key_from_content
 
 USER_KEY_FIELD = "randkv_key"
+BUDGET_FIELD = "randkv_budget"
 #: Every request field RandKV reads from `extra_args` / `vllm_xargs`.
-KNOWN_FIELDS = (USER_KEY_FIELD,)
+KNOWN_FIELDS = (USER_KEY_FIELD, BUDGET_FIELD)
 
 # Parameters that change which tokens come out. Length limits and stop strings only
 # truncate, so a request and its longer continuation share their decisions.
@@ -55,7 +57,8 @@ def check_request_fields(extra: Mapping[str, Any] | None) -> int | None:
     """Validate the `randkv_*` fields of a request's extra arguments; its caller key or None.
 
     Raises ValueError (an unknown `randkv_*` field, a key out of range) or TypeError (a key
-    that is neither int nor str), each naming what is accepted.
+    that is neither int nor str), each naming what is accepted. The budget's range is the
+    server's: `RandKVConfig.request_budget` checks it.
     """
     extra = extra or {}
     unknown = sorted(k for k in extra if k.startswith("randkv_") and k not in KNOWN_FIELDS)
@@ -63,6 +66,19 @@ def check_request_fields(extra: Mapping[str, Any] | None) -> int | None:
         raise ValueError(f"unknown RandKV request field(s) {unknown}; known: {list(KNOWN_FIELDS)}")
     value = extra.get(USER_KEY_FIELD)
     return None if value is None else coerce_request_key(value)
+
+
+def requested_budget(extra: Mapping[str, Any] | None) -> Any:
+    """The request's own `randkv_budget` as it came (None when absent); its type and range
+    are checked by `RandKVConfig.request_budget`."""
+    return (extra or {}).get(BUDGET_FIELD)
+
+
+def request_config(config: RandKVConfig, prompt_length: int, sampling_params: Any) -> RandKVConfig:
+    """The RandKVConfig one request runs with: `config.for_request` with the request's own
+    `randkv_budget`. Raises PromptTooLongError or RequestBudgetError (both ValueErrors)."""
+    extra = getattr(sampling_params, "extra_args", None)
+    return config.for_request(prompt_length, requested_budget(extra))
 
 
 def user_key(sampling_params: Any) -> int | None:

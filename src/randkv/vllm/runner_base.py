@@ -17,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
@@ -156,6 +158,7 @@ class RandKVRunnerMixin:
             return
         plan = scheduler_output.randkv
         self.randkv_scheduler_counters = plan.scheduler_counters
+        self.randkv_step_budgets = plan.budgets
         self._randkv_harvest_timings()
         for req_id in scheduler_output.finished_req_ids:
             record = self.randkv_records.get(req_id)
@@ -164,6 +167,20 @@ class RandKVRunnerMixin:
         if plan.directives:
             self._randkv_apply_rounds(plan)
         self._randkv_observe(scheduler_output)
+
+    #: This step's requests whose K is not the server's (RandKVStepPlan.budgets).
+    randkv_step_budgets: dict[str, int] = {}  # noqa: RUF012 - replaced, never mutated
+
+    def randkv_budget(self, req_id: str) -> int:
+        """The K of a request scheduled this step."""
+        return self.randkv_step_budgets.get(req_id, self.randkv.budget)
+
+    def randkv_row_budgets(self, req_ids: Sequence[str]) -> np.ndarray | None:
+        """The K of each of these requests (int64, host), or None when all have the
+        server's K (the common case: one K for the whole batch)."""
+        if not self.randkv_step_budgets:
+            return None
+        return np.array([self.randkv_budget(r) for r in req_ids], dtype=np.int64)
 
     def _randkv_harvest_timings(self) -> None:
         for name, seconds in self.randkv_timer.harvest().items():
@@ -183,6 +200,7 @@ class RandKVRunnerMixin:
             [d.prompt_length for d in directives],
             [d.request_key for d in directives],  # Python ints: the planner's fast path
             [d.round_index for d in directives],
+            [d.budget for d in directives],
         )
         planned = self.randkv_timer.mark()
         self.randkv_compactor.apply(round_plan, self.randkv_caches, block_tables)
@@ -201,7 +219,7 @@ class RandKVRunnerMixin:
         for row, (req_id, directive) in enumerate(zip(req_ids, directives, strict=True)):
             slot_map = self.randkv_slot_maps.get(req_id)
             if slot_map is not None:  # debug aid: reads the plan back to the host
-                slot_map.apply_round(round_plan.evicted[row], round_plan.sources)
+                slot_map.apply_round(round_plan.evicted[row], round_plan.row_sources(row))
             self._randkv_record(req_id).rounds = directive.round_index + 1
             logger.debug("RandKV round %d for %s", directive.round_index, req_id)
         rounds = self.randkv_metrics.totals["rounds"]
@@ -230,7 +248,7 @@ class RandKVRunnerMixin:
             if start == 0 and record.tokens_seen > 0:
                 record.rounds = 0  # resumed after preemption: replays from the prompt
             record.tokens_seen = end
-            record.physical_length = physical_lengths(self.randkv, end)
+            record.physical_length = physical_lengths(self.randkv, end, self.randkv_budget(req_id))
             record.blocks_held = cdiv(record.physical_length, self.cache_config.block_size)
             if self.randkv_track:
                 self._randkv_track(req_id, start, count)
@@ -238,8 +256,9 @@ class RandKVRunnerMixin:
     def _randkv_track(self, req_id: str, start: int, count: int) -> None:
         slot_map = self.randkv_slot_maps.get(req_id)
         if slot_map is None or slot_map.tokens_seen != start:
+            config = self.randkv.with_budget(self.randkv_budget(req_id))
             slot_map = SlotPositionMap(
-                self.randkv, len(self.randkv_caches), len(self.randkv_planner.kv_heads)
+                config, len(self.randkv_caches), len(self.randkv_planner.kv_heads)
             )
             slot_map.append(start)  # prefix-cache hits arrive already computed
             self.randkv_slot_maps[req_id] = slot_map

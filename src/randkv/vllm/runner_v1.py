@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from randkv.cadence import physical_lengths, rounds_completed
+from randkv.hostsync import host_to_device
 from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.refusals import UnsupportedModeError
@@ -57,10 +58,14 @@ class V1RunnerMixin(RandKVRunnerMixin):
         num_reqs = self.input_batch.num_reqs
         # Host copy of the same counts: decide on the host whether any request is shifted.
         seen_host = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype("int64")
-        if not rounds_completed(self.randkv, seen_host).any():
+        budget_host = self.randkv_row_budgets(self.input_batch.req_ids[:num_reqs])
+        if not rounds_completed(self.randkv, seen_host, budget_host).any():
             return
         seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
-        shift = seen - physical_lengths(self.randkv, seen)  # r per round fired
+        budget = None
+        if budget_host is not None:  # requests with their own K: one small host copy
+            budget = host_to_device(torch.from_numpy(budget_host), seen.device)
+        shift = seen - physical_lengths(self.randkv, seen, budget)  # r per round fired
         total = scheduler_output.total_num_scheduled_tokens
         per_token = shift[self.req_indices.gpu[:total].to(torch.int64)]
         positions = self.positions[:total] - per_token
@@ -69,5 +74,6 @@ class V1RunnerMixin(RandKVRunnerMixin):
         )
         self.seq_lens[:num_reqs] -= shift.to(self.seq_lens.dtype)
         # vLLM's host copy of the lengths (max_seq_len, sampling masks), shifted alike.
-        shift_host = torch.from_numpy(seen_host - physical_lengths(self.randkv, seen_host))
+        shift_host = seen_host - physical_lengths(self.randkv, seen_host, budget_host)
+        shift_host = torch.from_numpy(shift_host)
         self.optimistic_seq_lens_cpu[:num_reqs] -= shift_host.to(self.optimistic_seq_lens_cpu.dtype)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from randkv.cadence import physical_lengths, rounds_completed
+from randkv.hostsync import host_to_device
 from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.runner_base import RandKVRunnerMixin
@@ -88,8 +89,9 @@ class V2RunnerMixin(RandKVRunnerMixin):
 
     def prepare_attn(self, input_batch: Any) -> Any:
         self._randkv_absolute = None
-        seen = input_batch.num_computed_tokens_np  # host mirror, exact without async
-        if not rounds_completed(self.randkv, seen.astype("int64")).any():
+        seen = input_batch.num_computed_tokens_np.astype("int64")  # host mirror, exact
+        budgets = self.randkv_row_budgets(input_batch.req_ids[: input_batch.num_reqs])
+        if not rounds_completed(self.randkv, seen, budgets).any():
             return super().prepare_attn(input_batch)
         from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
 
@@ -97,7 +99,14 @@ class V2RunnerMixin(RandKVRunnerMixin):
         absolute = self.randkv_absolute_seq_lens[:padded]
         absolute.copy_(input_batch.seq_lens)
         computed = self.req_states.num_computed_tokens.gpu  # absolute, by request slot
-        self.randkv_physical_computed.copy_(physical_lengths(self.randkv, computed.to(torch.int64)))
+        physical = self.randkv_physical_computed
+        if budgets is None:
+            physical.copy_(physical_lengths(self.randkv, computed.to(torch.int64)))
+        else:  # requests with their own K: by batch row, into their slots
+            slots = input_batch.idx_mapping
+            budget = host_to_device(torch.from_numpy(budgets), physical.device)
+            rows = physical_lengths(self.randkv, computed[slots].to(torch.int64), budget)
+            physical[slots] = rows.to(physical.dtype)
         # Physical positions into RandKV's buffer, physical lengths into vLLM's.
         prepare_pos_seq_lens(
             input_batch.idx_mapping,
@@ -107,7 +116,7 @@ class V2RunnerMixin(RandKVRunnerMixin):
             self.input_buffers.seq_lens,
         )
         upper_bound = input_batch.seq_lens_cpu_upper_bound
-        shift = seen.astype("int64") - physical_lengths(self.randkv, seen.astype("int64"))
+        shift = seen - physical_lengths(self.randkv, seen, budgets)
         physical_bound = upper_bound.clone()
         physical_bound[: input_batch.num_reqs] -= torch.from_numpy(shift).to(upper_bound.dtype)
         input_batch.seq_lens_cpu_upper_bound = physical_bound

@@ -30,7 +30,7 @@ from randkv.vllm.messages import (
 )
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
-from randkv.vllm.request_key import derive_request_key
+from randkv.vllm.request_key import derive_request_key, request_config
 from randkv.vllm.timeline import TimelineMixin
 
 logger = init_logger("vllm.randkv.scheduler")
@@ -38,10 +38,12 @@ logger = init_logger("vllm.randkv.scheduler")
 
 @dataclass
 class RequestRounds:
-    """Scheduler-side RandKV state of one request."""
+    """Scheduler-side RandKV state of one request; `config` is the request's own
+    (`RandKVConfig.for_request`: its budget K, raised for a long prompt or asked for)."""
 
     request_key: int
     prompt_length: int
+    config: RandKVConfig
     rounds_applied: int = 0
 
 
@@ -77,7 +79,7 @@ class RandKVCacheManager(KVCacheManager):
         skip_zeroing_group_ids: tuple[int, ...] = (),  # vLLM >= 0.32; KV connectors only
     ):
         state = self.rounds[request.request_id]
-        config, block_size = self.randkv, self.block_size
+        config, block_size = state.config, self.block_size
         prompt = state.prompt_length
         computed = request.num_computed_tokens + num_new_computed_tokens
         physical = physical_length(config, prompt_length=prompt, tokens_seen=computed)
@@ -128,6 +130,7 @@ class RandKVCacheManager(KVCacheManager):
                 prompt_length=prompt,
                 request_key=state.request_key,
                 block_ids=tuple(block.block_id for block in request_blocks),
+                budget=config.budget,
             )
             state.rounds_applied = rounds
             if held > keep:
@@ -183,18 +186,21 @@ class RandKVScheduler(TimelineMixin, Scheduler):
     # ------------------------------------------------------------------ admission
 
     def add_request(self, request: Request) -> None:
+        prompt = request.num_prompt_tokens
         try:
-            self.randkv.check_prompt(request.num_prompt_tokens)
             key = derive_request_key(
                 list(request.prompt_token_ids or []), request.sampling_params, request.request_id
             )
+            config = request_config(self.randkv, prompt, request.sampling_params)
         except PromptTooLongError as error:
             self._randkv_reject(request, str(error))
             self.metrics.add("rejected_prompts", 1)
         except (TypeError, ValueError) as error:  # a malformed randkv_* request field
             self._randkv_reject(request, str(error))
         else:
-            self.request_rounds[request.request_id] = RequestRounds(key, request.num_prompt_tokens)
+            self.request_rounds[request.request_id] = RequestRounds(key, prompt, config)
+            if prompt > self.randkv.budget:
+                self.metrics.add("long_prompts", 1)
         super().add_request(request)
 
     def _randkv_reject(self, request: Request, message: str) -> None:
@@ -215,10 +221,10 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         start = request.num_computed_tokens + num_new_local_computed_tokens
         start += num_external_computed_tokens
         physical = physical_length(
-            self.randkv, prompt_length=state.prompt_length, tokens_seen=start
+            state.config, prompt_length=state.prompt_length, tokens_seen=start
         )
         # Replay after preemption also goes through here, in the same rounds.
-        return min(num_new_tokens, self.randkv.max_physical_length - physical)
+        return min(num_new_tokens, state.config.max_physical_length - physical)
 
     # ------------------------------------------------------------------ per step
 
@@ -239,8 +245,16 @@ class RandKVScheduler(TimelineMixin, Scheduler):
         }
         manager.directives = {}
         self._randkv_publish_blocks_held()
+        # The workers compute physical lengths every step: they need each request's own K.
+        budgets = {}
+        for rid in scheduler_output.num_scheduled_tokens:
+            state = self.request_rounds.get(rid)
+            if state is not None and state.config.budget != self.randkv.budget:
+                budgets[rid] = state.config.budget
         return RandKVStepPlan(
-            directives=directives, scheduler_counters=self.metrics.stats("scheduler")
+            directives=directives,
+            scheduler_counters=self.metrics.stats("scheduler"),
+            budgets=budgets,
         )
 
     def _randkv_publish_blocks_held(self) -> None:

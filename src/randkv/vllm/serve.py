@@ -41,6 +41,20 @@ def randkv_option_parser() -> argparse.ArgumentParser:
         help=f"buffer r (default {defaults.buffer_size})",
     )
     group.add_argument("--randkv-seed", type=int, metavar="S", help="default 0")
+    group.add_argument(
+        "--randkv-min-generated",
+        type=int,
+        metavar="G",
+        help="serve prompts longer than K - G: such a request keeps its whole prompt and at "
+        "least G sampled generated tokens (its own K is max(K, P + G)); default off: a "
+        "prompt longer than K gets HTTP 400",
+    )
+    group.add_argument(
+        "--randkv-max-request-budget",
+        type=int,
+        metavar="K_MAX",
+        help="the largest budget a request may ask for with vllm_xargs randkv_budget (default: K)",
+    )
     return parser
 
 
@@ -50,6 +64,8 @@ def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
         "budget": options.randkv_budget,
         "buffer_size": options.randkv_buffer,
         "seed": options.randkv_seed,
+        "min_generated": options.randkv_min_generated,
+        "max_request_budget": options.randkv_max_request_budget,
     }
     tuned = {key: value for key, value in tuned.items() if value is not None}
     if options.no_randkv:

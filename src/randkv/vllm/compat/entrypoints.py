@@ -1,8 +1,11 @@
-"""vLLM's command-line environment set-up, which moved between releases."""
+"""vLLM's server entry points that moved between releases: the command-line environment set-up,
+and where the API server app gets its middleware."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 
 def find_cli_env_setup() -> Callable[[], None]:
@@ -13,3 +16,37 @@ def find_cli_env_setup() -> Callable[[], None]:
     except ImportError:
         from vllm.entrypoints.serve.utils.api_utils import cli_env_setup as setup
     return setup
+
+
+def add_app_middleware(middleware: type, **options: Any) -> None:
+    """Add `middleware` to the API server app vLLM builds from now on in this process.
+
+    vLLM adds its own middleware in `init_entrypoints_middleware(args, app, tasks)`, looked up
+    in `vllm.entrypoints.launchers.app` when the app is built (0.32 and 0.34); vLLM 0.28
+    builds the app in `vllm.entrypoints.openai.api_server.build_app(args, ...)`, looked up in
+    that module. The wrap adds RandKV's after vLLM's (idempotent).
+    """
+    try:
+        import vllm.entrypoints.launchers.app as module
+
+        name, returns_app = "init_entrypoints_middleware", False
+    except ImportError:
+        import vllm.entrypoints.openai.api_server as module
+
+        name, returns_app = "build_app", True
+    original = getattr(module, name)
+    if getattr(original, "__randkv_middleware__", None) is middleware:
+        original.__randkv_options__.update(options)  # the latest engine's settings
+        return
+    current = dict(options)
+
+    @functools.wraps(original)
+    def with_middleware(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        app = result if returns_app else kwargs.get("app", args[1] if len(args) > 1 else None)
+        app.add_middleware(middleware, **current)
+        return result
+
+    with_middleware.__randkv_middleware__ = middleware  # type: ignore[attr-defined]
+    with_middleware.__randkv_options__ = current  # type: ignore[attr-defined]
+    setattr(module, name, with_middleware)
