@@ -316,7 +316,10 @@ LONG_PROMPT = "A retrieval context far longer than the budget. " * 4  # 200 byte
 def long_engine(tiny_model_path):
     from randkv.vllm import LLM
 
-    return LLM(model=tiny_model_path, randkv=LONG, num_gpu_blocks_override=64, **COMMON)
+    # Under min_generated a long prompt's own K grows with it: vLLM's start-up check then
+    # needs room for one max_model_len sequence (RandKVFullAttentionSpec).
+    settings = {**COMMON, "max_model_len": 1024}
+    return LLM(model=tiny_model_path, randkv=LONG, num_gpu_blocks_override=64, **settings)
 
 
 def test_long_prompts_are_served_whole_with_their_own_budget(long_engine, tiny_model_path):
