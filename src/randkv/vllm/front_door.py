@@ -42,9 +42,9 @@ from randkv.vllm.request_key import check_request_fields, requested_budget
 logger = init_logger("vllm.randkv.front_door")
 
 SERVE_LONG_PROMPTS = (
-    'set --additional-config \'{"randkv": {"min_generated": ...}}\' to serve such prompts '
-    "(randkv serve: --randkv-min-generated), or raise the budget "
-    "(randkv serve: --randkv-budget)"
+    "serve such prompts with min_generated (the prompt is kept whole, eviction runs among "
+    'the generated tokens): --additional-config \'{"randkv": {"min_generated": ...}}\' '
+    "(randkv serve: --randkv-min-generated); or raise the budget (--randkv-budget)"
 )
 
 
@@ -64,7 +64,11 @@ def request_problem(
         check_request_fields(extra_args)
         config.request_budget(prompt_length or 0, requested_budget(extra_args))
     except PromptTooLongError as error:
-        return RandKVRequestError(f"{error}; {SERVE_LONG_PROMPTS}", parameter="prompt")
+        return RandKVRequestError(
+            f"prompt of {error.prompt_length} tokens exceeds the RandKV budget "
+            f"K={error.budget}; {SERVE_LONG_PROMPTS}",
+            parameter="prompt",
+        )
     except RequestBudgetError as error:
         return RandKVRequestError(str(error), parameter="vllm_xargs")
     except (TypeError, ValueError) as error:
