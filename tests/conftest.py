@@ -41,3 +41,25 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shut_down_engines_between_modules() -> Iterator[None]:
+    """Shut down the in-process vLLM engines a module leaves behind.
+
+    An in-process engine tears down the process's distributed groups when its client is
+    collected, and vLLM freezes the objects its start-up allocates (`gc.freeze()`), so that
+    happens at an arbitrary later collection: in the middle of the next module's engine
+    start-up ("tensor model parallel group is not initialized"). Shutting them down here,
+    once the module is done, keeps it out of other modules' engines.
+    """
+    yield
+    import gc
+    import sys
+
+    if "vllm.v1.engine.core_client" not in sys.modules:
+        return
+    from vllm.v1.engine.core_client import InprocClient
+
+    for client in [obj for obj in gc.get_objects() if isinstance(obj, InprocClient)]:
+        client.shutdown()

@@ -52,7 +52,7 @@ POOL_BLOCKS = 24  # 23 usable: 8 running requests at K + 2r would need 32
 MAX_SEQS = 8
 # Busy engine steps per mode, before draining. vLLM's V2 runner runs its kernels in Triton's
 # interpreter here (tests/v2_runner.py), about 10x slower: a shorter run, the same checks.
-CHAOS_STEPS = 600 if v2_requested() else 2000
+CHAOS_STEPS = 400 if v2_requested() else 2000
 DRAIN_STEPS = 3000
 SEEDED_LIVE_MAX = 3  # x 4 blocks: seeded requests alone never fill the pool
 LETTERS = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz "]  # byte-level tokenizer: ids = bytes

@@ -68,6 +68,7 @@ def engine_run(folder: str, prompt_ids: list[int]):
         llm.randkv_slot_positions(output.request_id),
         llm.randkv_request_stats(output.request_id)["rounds"],
     )
+    llm.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
     del llm
     return result
 

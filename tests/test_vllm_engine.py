@@ -118,12 +118,15 @@ def test_retained_positions_equal_the_spec(engines):
     assert stats["physical_length"] <= CONFIG.max_physical_length
 
 
-def test_one_request_generates_4x_the_pool(engines):
+def test_one_request_generates_several_times_the_pool(engines):
+    from v2_runner import v2_requested
+
     _, llm = engines
     pool_tokens = POOL_BLOCKS * BLOCK
-    params = SamplingParams(temperature=0, max_tokens=4 * pool_tokens, ignore_eos=True)
+    times = 2 if v2_requested() else 4  # V2 runs in Triton's interpreter (tests/v2_runner.py)
+    params = SamplingParams(temperature=0, max_tokens=times * pool_tokens, ignore_eos=True)
     output = llm.generate([PROMPTS[2]], params)[0]
-    assert len(output.outputs[0].token_ids) == 4 * pool_tokens
+    assert len(output.outputs[0].token_ids) == times * pool_tokens
     stats = llm.randkv_request_stats(output.request_id)
     assert stats["blocks_held"] <= -(-CONFIG.max_physical_length // BLOCK)
 
@@ -208,6 +211,7 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
         assert small.randkv_slot_positions(after.request_id) == llm.randkv_slot_positions(
             before.request_id
         )
+    small.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
 
 
 def test_a_request_preempted_far_past_k_plus_2r_resumes_exactly(engines):

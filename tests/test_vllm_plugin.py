@@ -73,6 +73,7 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     stock_tokens = _tokens(stock)
     rounds = stock.collective_rpc("randkv_stats")[0]["counters"]["rounds"]
     assert rounds > 0
+    stock.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
     del stock, core
     wrapped = LLM(model=tiny_model_path, randkv=CONFIG, **COMMON)
     assert _tokens(wrapped) == stock_tokens
@@ -224,34 +225,41 @@ def test_plugin_refusals_name_the_setting(monkeypatch):
 
 
 def test_the_front_door_passes_requests_through_without_randkv():
-    """The wrapped renderers read RandKV's settings from the engine on every call: an engine
+    """The wrapped generate reads RandKV's settings from the engine on every call: an engine
     without RandKV (even one whose plain additional_config says "randkv": the plugin never
-    built it) gets vLLM's rendered request back untouched, however long."""
-    import asyncio
+    built it) gets the request through untouched, however long."""
     import types
 
     from randkv.vllm import front_door
     from randkv.vllm.options import RandKVAdditionalConfig
 
-    rendered = ["engine input"]
+    calls = []
 
-    async def render(self, request):
-        return rendered
+    def generate(self, prompt, sampling_params, request_id):
+        calls.append(request_id)
+        return "the stream"
 
-    checked = front_door._checked(render, lambda inputs: inputs)
+    checked = front_door._checked_at_call(generate, front_door._check_generate)
 
-    def serving(additional_config):
-        vllm_config = types.SimpleNamespace(additional_config=additional_config)
-        return types.SimpleNamespace(
-            engine_client=types.SimpleNamespace(vllm_config=vllm_config),
-            _extract_prompt_len=lambda item: 10_000,
-            create_error_response=lambda message, **kwargs: ("error", message, kwargs),
+    def engine(additional_config):
+        model_config = types.SimpleNamespace(served_model_name="m", model="m")
+        vllm_config = types.SimpleNamespace(
+            additional_config=additional_config,
+            model_config=model_config,
+            parallel_config=types.SimpleNamespace(data_parallel_index=0),
         )
+        return types.SimpleNamespace(vllm_config=vllm_config, model_config=model_config)
 
-    request = types.SimpleNamespace(vllm_xargs={"randkv_keyy": 1.5})
-    assert asyncio.run(checked(serving({}), request)) is rendered
-    assert asyncio.run(checked(serving({"other": 1}), request)) is rendered
-    assert asyncio.run(checked(serving({"randkv": {"budget": 64}}), request)) is rendered
+    prompt = types.SimpleNamespace(prompt_token_ids=list(range(10_000)))
+    params = types.SimpleNamespace(extra_args={"randkv_keyy": 1.5})
+    for config in ({}, {"other": 1}, {"randkv": {"budget": 64}}):
+        assert checked(engine(config), prompt, params, "r") == "the stream"
     on = RandKVAdditionalConfig.of({"other": 1}, RandKVConfig(budget=64))
-    refused = asyncio.run(checked(serving(on), request))
-    assert refused[0] == "error" and "randkv_keyy" in refused[1]
+    with pytest.raises(front_door.RandKVRequestError, match="randkv_keyy"):
+        checked(engine(on), prompt, params, "refused")
+    fine = types.SimpleNamespace(extra_args={"randkv_key": "k"})
+    with pytest.raises(front_door.RandKVRequestError, match="prompt of 10000 tokens exceeds"):
+        checked(engine(on), prompt, fine, "too long")
+    short = types.SimpleNamespace(prompt_token_ids=list(range(10)))
+    assert checked(engine(on), short, fine, "ok") == "the stream"
+    assert calls == ["r", "r", "r", "ok"]  # refused requests never reach the engine
