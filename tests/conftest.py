@@ -63,3 +63,7 @@ def shut_down_engines_between_modules() -> Iterator[None]:
 
     for client in [obj for obj in gc.get_objects() if isinstance(obj, InprocClient)]:
         client.shutdown()
+    # Engines shut down beside others left the process's groups up (engine_teardown.py).
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()

@@ -92,3 +92,23 @@ def test_a_failing_line_is_recorded_and_the_others_still_run(tmp_path):
     assert "ZeroDivisionError" in doc["checks"]["broken"]["traceback"]
     assert doc["checks"]["fine"]["status"] == "pass"
     assert doc["verdict"] == {**doc["verdict"], "passed": False, "failed": ["broken"]}
+
+
+def test_the_vllm_lines_pass_with_the_installed_vllm(tiny_model_path):
+    """With vLLM: the backend line accepts vLLM's CPU attention, the engine modes give the
+    spec's slot positions, and a budget above every length equals stock vLLM (on whichever
+    model runner the run uses: make test-v2 runs this on V2)."""
+    import pytest
+
+    pytest.importorskip("vllm")
+    import torch
+
+    from randkv.check import engine
+
+    cpu = torch.device("cpu")
+    backend = engine.attention_backend(cpu)
+    assert backend["status"] == "pass", backend
+    modes = engine.engine_modes(cpu, tiny_model_path)
+    assert modes["status"] == "pass" and modes["modes_run"] == ["cpu-eager"], modes
+    stock = engine.engine_matches_stock(cpu, tiny_model_path)
+    assert stock["status"] == "pass", stock

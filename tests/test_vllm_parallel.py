@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from engine_teardown import shut_down_beside_others
 
 pytest.importorskip("vllm")
 
@@ -199,7 +200,7 @@ def _engine(model: str, tp: int):
 
 
 def _shutdown(llm) -> None:
-    llm.llm_engine.engine_core.shutdown()  # stops the TP worker processes too
+    shut_down_beside_others(llm)  # stops the TP worker processes too
     gc.collect()
 
 

@@ -61,3 +61,66 @@ def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
             enforce_eager=True,
             num_gpu_blocks_override=32,
         )
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    from randkv.vllm import LLM
+
+    return LLM(
+        model=tiny_model_path,
+        randkv=RandKVConfig(budget=64, buffer_size=8),
+        dtype="float32",
+        max_model_len=512,
+        block_size=32,
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        num_gpu_blocks_override=16,
+    )
+
+
+def test_cpu_attention_kernels_that_pack_kv_otherwise_are_refused(engine):
+    """The running engine's own attention layers, with the ISA set where the release keeps
+    it (the layer from vLLM 0.32, its kernel object in 0.28): only vec/vec16 pass."""
+    from randkv.compactor import KVLayout
+    from randkv.vllm.compat.cpu_attention import attention_isa
+
+    worker = engine.llm_engine.model_executor.driver_worker.worker
+    context = worker.vllm_config.compilation_config.static_forward_context
+    layers = [layer for layer in context.values() if hasattr(layer, "impl")]
+    assert layers and {attention_isa(layer) for layer in layers} <= {"vec", "vec16"}
+    assert worker.randkv_layout() is KVLayout.VLLM_CPU_VEC
+    holder = [layer if hasattr(layer, "isa") else layer.impl for layer in layers]
+    saved = [h.isa for h in holder]
+    try:
+        for isa in ("amx", "neon"):
+            holder[-1].isa = isa
+            with pytest.raises(UnsupportedModeError, match=f"uses \\['{isa}'"):
+                worker.randkv_layout()
+        for h in holder:  # a release that keeps the ISA somewhere RandKV does not look
+            del h.isa
+        with pytest.raises(UnsupportedModeError, match="cannot tell which CPU attention"):
+            worker.randkv_layout()
+    finally:
+        for h, isa in zip(holder, saved, strict=True):
+            h.isa = isa
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cpu._is_amx_tile_supported(), reason="needs a CPU with AMX"
+)
+def test_an_amx_engine_is_refused_at_start(tiny_model_path):
+    """On an AMX machine vLLM packs bf16 KV in 32-token blocks with its AMX kernel."""
+    from randkv.vllm import LLM
+
+    with pytest.raises(Exception, match="AMX/NEON pack KV differently"):
+        LLM(
+            model=tiny_model_path,
+            randkv=RandKVConfig(budget=64, buffer_size=8),
+            dtype="bfloat16",
+            max_model_len=512,
+            block_size=32,
+            gpu_memory_utilization=0.2,
+            enforce_eager=True,
+            num_gpu_blocks_override=16,
+        )

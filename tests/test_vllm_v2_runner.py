@@ -11,6 +11,7 @@ back.
 from __future__ import annotations
 
 import pytest
+from engine_teardown import shut_down_beside_others
 
 pytest.importorskip("vllm")
 
@@ -137,3 +138,113 @@ def test_attention_reads_physical_slots_and_lengths_from_vllms_buffers(llm):
     assert any(
         max(absolute) > CONFIG.max_physical_length for _, absolute in sampled
     )  # past the physical cap: physical lengths would have differed here
+
+
+def test_randkv_step_code_reads_nothing_back_on_v2(llm, monkeypatch):
+    """RandKV's own per-step code on V2 (the round directives, compaction, the physical
+    inputs of `prepare_attn`) makes no host sync: no item/tolist/numpy of a tensor, no
+    device-to-host copy, no data-dependent op. vLLM's own calls inside it (its kernels, run
+    here by Triton's interpreter on numpy views) are not RandKV's and are not counted."""
+    import vllm.v1.worker.gpu.input_batch as v2_inputs
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from randkv.hostsync import count_host_syncs
+
+    runner = _runner(llm)
+    active = []  # the counter of the RandKV call in progress
+
+    def not_randkvs(function):
+        def call(*args, **kwargs):
+            if not active:
+                return function(*args, **kwargs)
+            active[-1]._inside_wrapped += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                active[-1]._inside_wrapped -= 1
+
+        return call
+
+    monkeypatch.setattr(
+        v2_inputs, "prepare_pos_seq_lens", not_randkvs(v2_inputs.prepare_pos_seq_lens)
+    )
+    monkeypatch.setattr(GPUModelRunner, "prepare_attn", not_randkvs(GPUModelRunner.prepare_attn))
+    counts: list[tuple[str, bool, int, dict]] = []
+
+    def counted(name, function, fired):
+        def call(*args, **kwargs):
+            with count_host_syncs() as counter:
+                active.append(counter)
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    active.pop()
+            counts.append((name, fired(args), counter.total, dict(counter.counts)))
+
+        return call
+
+    before_step, prepare = runner.randkv_before_step, runner.prepare_attn
+    runner.randkv_before_step = counted(
+        "before_step",
+        before_step,
+        lambda a: bool(getattr(a[0], "randkv", None) and a[0].randkv.directives),
+    )
+    runner.prepare_attn = counted(
+        "prepare_attn",
+        prepare,
+        lambda a: bool((a[0].num_computed_tokens_np >= CONFIG.max_physical_length).any()),
+    )
+    tracking, runner.randkv_track = runner.randkv_track, False  # a debug aid that reads back
+    try:
+        params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        del runner.randkv_before_step, runner.prepare_attn
+        runner.randkv_track = tracking
+    rounds = [c for c in counts if c[0] == "before_step" and c[1]]
+    physical = [c for c in counts if c[0] == "prepare_attn" and c[1]]
+    assert len(rounds) > 5 and len(physical) > 50
+    assert all(total == 0 for _, _, total, _ in counts), [c for c in counts if c[2]]
+
+
+def test_v2_gives_the_tokens_and_evictions_of_v1_on_the_same_release(llm, tiny_model_path):
+    """The V1 runner of the same vLLM as the oracle: an engine built here with
+    VLLM_USE_V2_MODEL_RUNNER=0 runs V1, on the same model, prompts and settings."""
+    import os
+
+    from vllm import envs
+
+    from randkv.vllm import LLM
+
+    params = SamplingParams(
+        temperature=0, max_tokens=150, ignore_eos=True, extra_args={"randkv_key": "v1-v2"}
+    )
+    v2 = llm.generate(PROMPTS, params, use_tqdm=False)
+    v2_slots = [llm.randkv_slot_positions(o.request_id) for o in v2]
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    envs.disable_envs_cache()
+    try:
+        v1_llm = LLM(
+            model=tiny_model_path,
+            randkv=CONFIG,
+            dtype="float32",
+            max_model_len=2048,
+            block_size=BLOCK,
+            gpu_memory_utilization=0.2,
+            num_gpu_blocks_override=32,
+            enforce_eager=True,
+            max_num_seqs=4,
+            max_num_batched_tokens=64,
+            seed=0,
+        )
+    finally:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        envs.disable_envs_cache()
+    runner = v1_llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert runner.randkv_runner_kind == "v1"
+    v1 = v1_llm.generate(PROMPTS, params, use_tqdm=False)
+    v1_slots = [v1_llm.randkv_slot_positions(o.request_id) for o in v1]
+    shut_down_beside_others(v1_llm)
+    assert [list(o.outputs[0].token_ids) for o in v2] == [list(o.outputs[0].token_ids) for o in v1]
+    assert v2_slots == v1_slots
+    assert v2_slots[0][0][0] != v2_slots[0][0][1]  # heads chose independently, rounds ran

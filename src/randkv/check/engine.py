@@ -115,9 +115,15 @@ def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -
 
     from randkv.vllm import LLM
 
+    if torch.cuda.is_available():
+        block_size = 16  # FlashAttention's kernel block size (gpus.md)
+    else:
+        from randkv.vllm.compat.cpu_attention import cpu_block_size
+
+        block_size = cpu_block_size()  # 32 from vLLM 0.32
     common = {
         "max_model_len": 512,
-        "block_size": 16,
+        "block_size": block_size,
         "gpu_memory_utilization": 0.2 if torch.cuda.is_available() else 0.1,
         "num_gpu_blocks_override": 256,
         "max_num_seqs": 4,

@@ -344,6 +344,8 @@ def _assigned_self_attributes(cls: type) -> set[str]:
 def _has_attribute(cls: type, name: str) -> bool:
     if hasattr(cls, name):
         return True
+    if not isinstance(cls, type):  # a module: its attributes are all it has
+        return False
     if is_dataclass(cls) and name in {f.name for f in fields(cls)}:
         return True
     pydantic_fields = getattr(cls, "__pydantic_fields__", None) or {}
@@ -392,6 +394,13 @@ def touch_problem(touch: Touch) -> str | None:
         except TypeError as error:
             return f"{touch.target}({touch.positional} positional, {list(touch.names)}): {error}"
         return None
+    if touch.kind == "parameters":
+        try:
+            have = set(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            return None
+        missing = [n for n in touch.names if n not in have]
+        return f"{touch.target} takes no parameter(s) {missing}" if missing else None
     if touch.kind == "assigns":
         missing = [n for n in touch.names if not _module_assigns(target, n)]
         return f"{touch.target} sets no attribute {missing}" if missing else None

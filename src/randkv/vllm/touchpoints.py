@@ -28,6 +28,8 @@ class Touch:
     - "call": `target` is a callable RandKV calls with `positional` arguments (after self)
       and the keyword arguments `names`.
     - "fields": `target` is a dataclass with the fields `names`.
+    - "parameters": `target` is a callable with parameters named `names` (RandKV reads
+      them from a call it intercepts).
     - "assigns": `target` is a module whose source assigns `<something>.<name>` for each of
       `names` (an attribute vLLM sets on an object of another class).
     """
@@ -311,6 +313,30 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         why="V2 keeps each layer's cache on the layer; its kv_caches list is not layer-ordered",
     ),
     attrs("vllm.v1.attention.backend:AttentionBackend", "get_supported_kernel_block_sizes"),
+    # ------------------------------------------------------------------ the server's front door
+    Touch(
+        "parameters",
+        "vllm.v1.engine.async_llm:AsyncLLM.generate",
+        ("prompt", "sampling_params", "request_id"),
+        why="every generating route's call into the engine (randkv.vllm.front_door)",
+    ),
+    Touch(
+        "parameters",
+        "vllm.entrypoints.generate.beam_search.online:BeamSearchOnlineMixin.beam_search",
+        ("prompt", "request_id", "params"),
+    ),
+    Touch(
+        "parameters",
+        "vllm.entrypoints.openai.responses.serving:"
+        "OpenAIServingResponses._generate_with_builtin_tools",
+        ("request_id", "engine_input", "sampling_params"),
+    ),
+    attrs("vllm.v1.engine.async_llm:AsyncLLM", "vllm_config", "model_config"),
+    either(
+        "where the API server app gets its middleware (randkv.vllm.compat.entrypoints)",
+        attrs("vllm.entrypoints.launchers.app", "init_entrypoints_middleware"),
+        attrs("vllm.entrypoints.openai.api_server", "build_app"),
+    ),
     # ------------------------------------------------------------------ offline LLM
     attrs("vllm:LLM", "llm_engine", "collective_rpc"),
     attrs("vllm.v1.engine.llm_engine:LLMEngine", "add_request", "output_processor"),
