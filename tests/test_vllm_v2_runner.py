@@ -27,7 +27,7 @@ from randkv import RandKVConfig, spec  # noqa: E402
 
 CONFIG = RandKVConfig(budget=24, buffer_size=8, seed=1)
 BLOCK = 32
-PROMPTS = ["Buffers must stay put.", "A second, slightly longer request runs beside it."]
+PROMPTS = ["Buffers must stay put.", "Another runs beside."]  # prompts <= K (byte tokens)
 
 
 @pytest.fixture(scope="module")
@@ -176,10 +176,11 @@ def test_randkv_step_code_reads_nothing_back_on_v2(llm, monkeypatch):
             with count_host_syncs() as counter:
                 active.append(counter)
                 try:
-                    return function(*args, **kwargs)
+                    result = function(*args, **kwargs)
                 finally:
                     active.pop()
             counts.append((name, fired(args), counter.total, dict(counter.counts)))
+            return result
 
         return call
 
@@ -197,12 +198,13 @@ def test_randkv_step_code_reads_nothing_back_on_v2(llm, monkeypatch):
     tracking, runner.randkv_track = runner.randkv_track, False  # a debug aid that reads back
     try:
         params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-        llm.generate(PROMPTS, params, use_tqdm=False)
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     finally:
         del runner.randkv_before_step, runner.prepare_attn
         runner.randkv_track = tracking
     rounds = [c for c in counts if c[0] == "before_step" and c[1]]
     physical = [c for c in counts if c[0] == "prepare_attn" and c[1]]
+    assert all(o.outputs[0].finish_reason == "length" for o in outputs)
     assert len(rounds) > 5 and len(physical) > 50
     assert all(total == 0 for _, _, total, _ in counts), [c for c in counts if c[2]]
 
