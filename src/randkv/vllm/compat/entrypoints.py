@@ -44,9 +44,22 @@ def add_app_middleware(middleware: type, **options: Any) -> None:
     def with_middleware(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         app = result if returns_app else kwargs.get("app", args[1] if len(args) > 1 else None)
-        app.add_middleware(middleware, **current)
+        _add_outermost(app, middleware, current)
         return result
 
     with_middleware.__randkv_middleware__ = middleware  # type: ignore[attr-defined]
     with_middleware.__randkv_options__ = current  # type: ignore[attr-defined]
     setattr(module, name, with_middleware)
+
+
+def _add_outermost(app: Any, middleware: type, options: dict[str, Any]) -> None:
+    """Starlette's `add_middleware`, also on an app whose middleware stack is already built:
+    vLLM 0.28's `build_app` ends with the SageMaker standards bootstrap, which builds it (and
+    Starlette then refuses new middleware). Rebuilt the way that bootstrap does."""
+    if app.middleware_stack is None:
+        app.add_middleware(middleware, **options)
+        return
+    from starlette.middleware import Middleware
+
+    app.user_middleware.insert(0, Middleware(middleware, **options))
+    app.middleware_stack = app.build_middleware_stack()
