@@ -4,6 +4,7 @@ and where the API server app gets its middleware."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,8 @@ def add_app_middleware(middleware: type, **options: Any) -> None:
     vLLM adds its own middleware in `init_entrypoints_middleware(args, app, tasks)`, looked up
     in `vllm.entrypoints.launchers.app` when the app is built (0.32 and 0.34); vLLM 0.28
     builds the app in `vllm.entrypoints.openai.api_server.build_app(args, ...)`, looked up in
-    that module. The wrap adds RandKV's after vLLM's (idempotent).
+    that module, which is also `__main__` under `python -m vllm.entrypoints.openai.api_server`.
+    The wrap adds RandKV's after vLLM's (idempotent).
     """
     try:
         import vllm.entrypoints.launchers.app as module
@@ -34,6 +36,15 @@ def add_app_middleware(middleware: type, **options: Any) -> None:
         import vllm.entrypoints.openai.api_server as module
 
         name, returns_app = "build_app", True
+    main = sys.modules.get("__main__")
+    same_module_as_main = getattr(getattr(main, "__spec__", None), "name", None) == module.__name__
+    for target in [module, main] if same_module_as_main else [module]:
+        _wrap_app_builder(target, name, returns_app, middleware, options)
+
+
+def _wrap_app_builder(
+    module: Any, name: str, returns_app: bool, middleware: type, options: dict[str, Any]
+) -> None:
     original = getattr(module, name)
     if getattr(original, "__randkv_middleware__", None) is middleware:
         original.__randkv_options__.update(options)  # the latest engine's settings
