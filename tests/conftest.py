@@ -61,6 +61,9 @@ def shut_down_engines_between_modules() -> Iterator[None]:
         return
     from vllm.v1.engine.core_client import InprocClient
 
+    # vLLM `gc.freeze()`s what an engine start allocates, the client included, and
+    # gc.get_objects() does not list frozen objects.
+    gc.unfreeze()
     for client in [obj for obj in gc.get_objects() if isinstance(obj, InprocClient)]:
         client.shutdown()
     # Engines shut down beside others left the process's groups up (engine_teardown.py).

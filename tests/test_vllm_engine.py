@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from engine_teardown import shut_down_beside_others
+from v2_runner import v2_requested
 
 pytest.importorskip("vllm")
 
@@ -56,8 +57,6 @@ def _tokens(outputs):
 
 def test_engines_run_the_model_runner_the_suite_asked_for(engines):
     """RANDKV_TEST_RUNNER=v2 runs this file on vLLM's V2 model runner (tests/v2_runner.py)."""
-    from v2_runner import v2_requested
-
     plain, llm = engines
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     assert runner.randkv_runner_kind == ("v2" if v2_requested() else "v1")
@@ -120,8 +119,6 @@ def test_retained_positions_equal_the_spec(engines):
 
 
 def test_one_request_generates_several_times_the_pool(engines):
-    from v2_runner import v2_requested
-
     _, llm = engines
     pool_tokens = POOL_BLOCKS * BLOCK
     times = 2 if v2_requested() else 4  # V2 runs in Triton's interpreter (tests/v2_runner.py)
@@ -415,6 +412,7 @@ def test_a_request_asks_for_its_own_budget(long_engine):
     assert "randkv_budget must be in [1, 160]" in str(refused.outputs[0].stop_reason)
 
 
+@pytest.mark.skipif(v2_requested(), reason="the scheduler's record: one runner is enough")
 def test_the_timeline_counts_every_waiting_request(tiny_model_path, tmp_path, monkeypatch):
     """The per-step record the serving benchmark reads: requests waiting are the scheduler's
     requests minus its running ones, whatever queues the release keeps them in (vLLM 0.32
