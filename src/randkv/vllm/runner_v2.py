@@ -71,7 +71,7 @@ class V2RunnerMixin(RandKVRunnerMixin):
         max_reqs = self.req_states.num_computed_tokens.gpu.shape[0]
         device = self.randkv_caches[0].device
         seq_lens = self.input_buffers.seq_lens
-        # Persistent scratch, sized once: a step allocates nothing.
+        # Sized once and kept at one address, like vLLM's own input buffers.
         self.randkv_positions = torch.zeros_like(self.input_buffers.positions)
         self.randkv_physical_computed = torch.zeros(max_reqs, dtype=seq_lens.dtype, device=device)
         self.randkv_absolute_seq_lens = torch.zeros_like(seq_lens)
