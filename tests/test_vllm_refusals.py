@@ -63,20 +63,22 @@ def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
         )
 
 
+# The engine of the ISA tests; the AMX test builds it in bfloat16.
+SMALL_ENGINE = dict(
+    randkv=RandKVConfig(budget=64, buffer_size=8),
+    max_model_len=512,
+    block_size=32,
+    gpu_memory_utilization=0.2,
+    enforce_eager=True,
+    num_gpu_blocks_override=16,
+)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
     from randkv.vllm import LLM
 
-    return LLM(
-        model=tiny_model_path,
-        randkv=RandKVConfig(budget=64, buffer_size=8),
-        dtype="float32",
-        max_model_len=512,
-        block_size=32,
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        num_gpu_blocks_override=16,
-    )
+    return LLM(model=tiny_model_path, dtype="float32", **SMALL_ENGINE)
 
 
 def test_cpu_attention_kernels_that_pack_kv_otherwise_are_refused(engine):
@@ -114,13 +116,4 @@ def test_an_amx_engine_is_refused_at_start(tiny_model_path):
     from randkv.vllm import LLM
 
     with pytest.raises(Exception, match="AMX/NEON pack KV differently"):
-        LLM(
-            model=tiny_model_path,
-            randkv=RandKVConfig(budget=64, buffer_size=8),
-            dtype="bfloat16",
-            max_model_len=512,
-            block_size=32,
-            gpu_memory_utilization=0.2,
-            enforce_eager=True,
-            num_gpu_blocks_override=16,
-        )
+        LLM(model=tiny_model_path, dtype="bfloat16", **SMALL_ENGINE)

@@ -28,25 +28,24 @@ from randkv import RandKVConfig, spec  # noqa: E402
 CONFIG = RandKVConfig(budget=24, buffer_size=8, seed=1)
 BLOCK = 32
 PROMPTS = ["Buffers must stay put.", "Another runs beside."]  # prompts <= K (byte tokens)
+ENGINE_ARGS = dict(
+    dtype="float32",
+    max_model_len=2048,
+    block_size=BLOCK,
+    gpu_memory_utilization=0.2,
+    num_gpu_blocks_override=32,
+    enforce_eager=True,
+    max_num_seqs=4,
+    max_num_batched_tokens=64,
+    seed=0,
+)
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_path):
     from randkv.vllm import LLM
 
-    return LLM(
-        model=tiny_model_path,
-        randkv=CONFIG,
-        dtype="float32",
-        max_model_len=2048,
-        block_size=BLOCK,
-        gpu_memory_utilization=0.2,
-        num_gpu_blocks_override=32,
-        enforce_eager=True,
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        seed=0,
-    )
+    return LLM(model=tiny_model_path, randkv=CONFIG, **ENGINE_ARGS)
 
 
 def _runner(llm):
@@ -226,19 +225,7 @@ def test_v2_gives_the_tokens_and_evictions_of_v1_on_the_same_release(llm, tiny_m
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     envs.disable_envs_cache()
     try:
-        v1_llm = LLM(
-            model=tiny_model_path,
-            randkv=CONFIG,
-            dtype="float32",
-            max_model_len=2048,
-            block_size=BLOCK,
-            gpu_memory_utilization=0.2,
-            num_gpu_blocks_override=32,
-            enforce_eager=True,
-            max_num_seqs=4,
-            max_num_batched_tokens=64,
-            seed=0,
-        )
+        v1_llm = LLM(model=tiny_model_path, randkv=CONFIG, **ENGINE_ARGS)  # as `llm`
     finally:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         envs.disable_envs_cache()
