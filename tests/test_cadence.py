@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from randkv import spec
-from randkv.cadence import latest_round_index, physical_lengths, rounds_completed
-from randkv.config import RandKVConfig
+from randkv.spec.cadence import latest_round_index, physical_lengths, rounds_completed
+from randkv.spec.config import RandKVConfig
 
 CONFIGS = [
     RandKVConfig(budget=8, buffer_size=2),

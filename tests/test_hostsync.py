@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from randkv.hostsync import count_host_syncs, host_to_device
+from randkv.kernels.hostsync import count_host_syncs, host_to_device
 
 
 def test_each_kind_of_read_back_counts_once():
@@ -79,7 +79,7 @@ def test_methods_are_restored_even_after_an_error():
 @pytest.mark.parametrize("pinning", [True, False])
 def test_host_to_device_follows_the_pin_memory_setting(monkeypatch, pinning):
     """vLLM can turn pinned memory off; a copy bound for CUDA must then not pin."""
-    from randkv import hostsync
+    from randkv.kernels import hostsync
 
     calls: list[tuple] = []
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)

@@ -10,6 +10,9 @@ Two graphs, each an edge A -> B where a module A imports B:
   `randkv.vllm.kv_spec` circle ran through one, and `randkv.hf.cache` -> `randkv.selectors`
   -> `selectors/hooks.py` -> `randkv.hf.cache` through a TYPE_CHECKING import).
 
+The same graphs check the layering (docs/architecture.md): each layer imports only the
+layers below it, and nothing in `randkv` imports the studies of the checkout.
+
 Relative imports are resolved, and `from pkg import name` points at `pkg.name` when that is
 a module, else at `pkg`. Importing `a.b.c` also runs the `__init__` of the packages `a.b`
 and `a` unless the importer lives in them (then they are already being imported), so those
@@ -22,21 +25,12 @@ import ast
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-import randkv
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
 
 #: Cycles known and accepted for now, each as the sorted tuple of its modules. Empty: there
 #: are none. Add one only with a note on why it cannot be broken yet; the lead empties it.
 ALLOWED_CYCLES: frozenset[tuple[str, ...]] = frozenset()
-
-#: Imports that exist only to keep a moved public name working for one release: (importer,
-#: imported module) -> the release that removes the alias (a test below fails once it is
-#: reached). They point back at the name's new home, so they are left out of the graphs.
-DEPRECATED_ALIASES: dict[tuple[str, str], str] = {
-    # `randkv.selectors.attention_hooks` -> `randkv.hf.attention_hooks` (issue 20)
-    ("randkv.selectors", "randkv.hf.hooks"): "0.2.0",
-}
 
 
 def module_files(src: Path, package: str) -> dict[str, Path]:
@@ -209,41 +203,132 @@ def test_randkv_has_no_import_cycles():
 
 
 def test_randkv_has_no_cycles_through_lazy_or_type_checking_imports_either():
-    graph = import_graph(SRC, "randkv", every_import=True, ignore=DEPRECATED_ALIASES)
-    cycles = _unexpected(find_cycles(graph))
+    cycles = _unexpected(find_cycles(import_graph(SRC, "randkv", every_import=True)))
     assert not cycles, "import cycles (imports in functions and TYPE_CHECKING too):\n" + (
         _describe(cycles)
     )
 
 
-def test_deprecated_aliases_go_in_their_release():
-    version = tuple(int(part) for part in randkv.__version__.split(".")[:3])
-    graph = import_graph(SRC, "randkv", every_import=True)
-    for (importer, imported), release in DEPRECATED_ALIASES.items():
-        assert imported in graph[importer], f"{importer} no longer imports {imported}: drop it"
-        removal = tuple(int(part) for part in release.split("."))
-        assert version < removal, f"release {release}: remove the alias {importer} -> {imported}"
+def test_the_studies_have_no_import_cycles_either():
+    for every_import in (False, True):
+        cycles = find_cycles(import_graph(REPO, "studies", every_import=every_import))
+        assert not cycles, _describe(cycles)
 
 
 def test_the_graph_sees_the_project_s_imports():
     graph = import_graph(SRC, "randkv")
     assert "randkv.selectors" in graph["randkv.hf.cache"]  # `from randkv.selectors import`
-    evaluate = graph["randkv.quality.pointer.evaluate"]
-    assert {"randkv.hf.cache", "randkv.hf"} <= evaluate  # randkv.hf's __init__ runs too
-    assert "randkv.quality" not in evaluate  # already being imported: an ancestor
+    planner = graph["randkv.kernels.planner"]
+    # `from randkv.spec.config import`: the package above it runs too
+    assert {"randkv.spec.config", "randkv.spec"} <= planner
+    assert not {"randkv.kernels", "randkv"} & planner  # already being imported: ancestors
     assert "randkv.hf.hooks" in graph["randkv.hf.generate"]
-    assert "randkv.hf" not in graph["randkv.selectors"]  # attention_hooks loads lazily
-    assert "randkv.spec" in graph["randkv.planner"]  # `from randkv import spec`
+    assert "randkv.spec" in graph["randkv.kernels.triton_planner"]  # `from randkv import spec`
     # The plugin imports the rest of randkv.vllm inside its functions (vLLM loads it in
     # every process): seen by the every-import graph only.
     every = import_graph(SRC, "randkv", every_import=True)
     assert "randkv.vllm.engine_args" not in graph["randkv.vllm.plugin"]
     assert "randkv.vllm.engine_args" in every["randkv.vllm.plugin"]
-    assert "randkv.hf.hooks" in every["randkv.selectors"]  # the deprecated alias
+
+
+#: Each part of `randkv` and the parts it may import (besides itself and the `randkv` root,
+#: which re-exports the spec), bottom up: a part imports only parts above it in this table.
+LAYERS: dict[str, set[str]] = {
+    # 1. the executable spec, standard library only
+    "randkv.spec": set(),
+    # 1. the user cache and the shipped models (a leaf used by every layer above)
+    "randkv.models": set(),
+    # 2. torch and Triton kernels
+    "randkv.kernels": {"randkv.spec"},
+    # 3. engine integration and adapters
+    "randkv.selectors": {"randkv.spec", "randkv.kernels"},
+    "randkv.hf": {"randkv.spec", "randkv.kernels", "randkv.selectors"},
+    "randkv.vllm": {"randkv.spec", "randkv.kernels", "randkv.models"},
+    # 4. what users run
+    **{
+        top: {
+            "randkv.spec",
+            "randkv.kernels",
+            "randkv.models",
+            "randkv.selectors",
+            "randkv.hf",
+            "randkv.vllm",
+            "randkv.bench",
+            "randkv.demo",
+        }  # fmt: skip
+        for top in ("randkv.bench", "randkv.check", "randkv.demo")
+    },
+    "randkv.cli": {
+        "randkv.spec",
+        "randkv.models",
+        "randkv.vllm",
+        "randkv.bench",
+        "randkv.check",
+        "randkv.demo",
+    },  # fmt: skip
+    "randkv.__main__": {"randkv.cli"},
+}
+
+
+def _part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    graph = import_graph(SRC, "randkv", every_import=True)
+    assert {_part(m) for m in graph} - {"randkv"} == set(LAYERS)  # every part has its row
+    crossings = sorted(
+        f"{importer} -> {imported}"
+        for importer, targets in graph.items()
+        for imported in targets
+        if importer != "randkv"
+        and _part(imported) not in {_part(importer), "randkv", *LAYERS[_part(importer)]}
+    )
+    assert not crossings, "imports across the layers:\n" + "\n".join(crossings)
+    assert graph["randkv"] <= {"randkv.spec"} | {m for m in graph if m.startswith("randkv.spec")}
+    assert graph["randkv.spec"] and graph["randkv.kernels.planner"]  # the graph is not empty
+
+
+def test_the_spec_imports_only_the_standard_library():
+    import sys
+
+    for name, path in module_files(SRC, "randkv.spec").items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {  # read by type checkers only
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and _is_type_checking(block.test)
+            for statement in block.body
+            for node in ast.walk(statement)
+        }
+        for node in _every_import_node(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module == "__future__"):
+                continue
+            roots = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            for root in (r.split(".")[0] for r in roots):
+                assert root in sys.stdlib_module_names or root == "randkv", (name, root)
+
+
+def test_the_library_never_imports_the_studies():
+    for name, path in module_files(SRC, "randkv").items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in _every_import_node(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            assert not any(n.split(".")[0] == "studies" for n in names), name
 
 
 def test_selectors_do_not_import_the_transformers_adapter():
-    graph = import_graph(SRC, "randkv", every_import=True, ignore=DEPRECATED_ALIASES)
+    graph = import_graph(SRC, "randkv", every_import=True)
     reached, todo = set(), ["randkv.selectors"]
     while todo:
         for nxt in graph[todo.pop()] - reached:

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from randkv import RandKVConfig, num_rounds, slot_positions, spec
-from randkv.compactor import KVLayout, PagedCompactor
-from randkv.planner import RoundPlanner, plan_round, to_key_tensor
-from randkv.rounds import RoundPlan
-from randkv.slotmap import SlotPositionMap
+from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.kernels.planner import RoundPlanner, plan_round, to_key_tensor
+from randkv.kernels.slotmap import SlotPositionMap
+from randkv.spec.rounds import RoundPlan
 
 
 @st.composite
@@ -215,7 +215,7 @@ def test_compaction_rounds_reproduce_the_spec_slot_layout():
 
 def test_cpu_vec_layout_compaction_matches_per_token_reference():
     """vLLM CPU `vec` layout: K column-major then V row-major inside each (block, head)."""
-    from randkv.compactor import cpu_vec_token_elements
+    from randkv.kernels.compactor import cpu_vec_token_elements
 
     config = RandKVConfig(budget=20, buffer_size=3, seed=8)
     block_size, head_dim, heads = 4, 5, 2
@@ -256,7 +256,7 @@ def test_cpu_vec_layout_compaction_matches_per_token_reference():
 
 def test_plan_and_apply_make_no_host_sync():
     """Python-int inputs and a host block table: nothing is read back from tensors."""
-    from randkv.hostsync import count_host_syncs
+    from randkv.kernels.hostsync import count_host_syncs
 
     config = RandKVConfig(budget=40, buffer_size=6, seed=5)
     block_size, heads, layers = 4, 2, 3
@@ -304,7 +304,7 @@ def test_planner_matches_spec_with_tiny_chunks_and_mixed_prompts():
 
 def test_safe_draw_counts_cover_the_spec():
     """Draw counts are even, >= r, shrink as collisions get rarer, exceed what streams need."""
-    from randkv.planner import _draw_bucket, _safe_draws
+    from randkv.kernels.planner import _draw_bucket, _safe_draws
 
     def draws(n, r):
         return _safe_draws(*_draw_bucket(n, r), r)

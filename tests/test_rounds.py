@@ -1,4 +1,4 @@
-"""`randkv.rounds`: one round's moves applied alike to lists and tensors; stdlib only."""
+"""`randkv.spec.rounds`: one round's moves applied alike to lists and tensors; stdlib only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import sys
 
 import torch
 
-from randkv import RandKVConfig, planner, rounds, spec
+from randkv import RandKVConfig, spec
+from randkv.kernels import planner
+from randkv.spec import rounds
 
 CONFIG = RandKVConfig(budget=6, buffer_size=2)
 
@@ -39,6 +41,6 @@ def test_one_round_plan_type():
 
 
 def test_rounds_and_spec_need_only_the_standard_library():
-    code = "import sys, randkv, randkv.rounds, randkv.spec; print('torch' in sys.modules)"
+    code = "import sys, randkv, randkv.spec.rounds, randkv.spec; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

@@ -1,5 +1,5 @@
 """The selector interface: the worked examples of docs/selectors.md run through RandKVCache,
-the registry's names, the studies' arms, and what the cache records for which policy."""
+the registry's names, and what the cache records for which policy."""
 
 from __future__ import annotations
 
@@ -14,12 +14,6 @@ from transformers import AutoModelForCausalLM
 import randkv.hf as rh
 from randkv import RandKVConfig
 from randkv.models.tiny import PAD_ID
-from randkv.quality.arms import DENSE, arm_names, find_arm
-from randkv.quality.ledger.arms import COMPARED as LEDGER_COMPARED
-from randkv.quality.ledger.arms import SCORED, ledger_arm
-from randkv.quality.ledger.evaluate import LedgerEvalConfig
-from randkv.quality.pointer.evaluate import COMPARED as POINTER_COMPARED
-from randkv.quality.pointer.evaluate import EvalConfig
 from randkv.selectors import H2O, RandKV, Selector
 from randkv.selectors.registry import POLICIES, make_selector, policy_names
 
@@ -105,34 +99,6 @@ def test_registry_names_are_the_selectors_names():
     assert H2O(protect_prompt=False).name == "h2o-noprompt"
     with pytest.raises(ValueError, match=r"unknown policy 'nope'; choose from \['randkv', "):
         make_selector("nope")
-
-
-def test_studies_compare_registered_policies_behind_dense():
-    assert EvalConfig().evictors == (DENSE, *POINTER_COMPARED)
-    assert LedgerEvalConfig().evictors == (DENSE, *LEDGER_COMPARED)
-    assert {*POINTER_COMPARED, *LEDGER_COMPARED} <= set(policy_names())
-    assert set(SCORED) <= set(LEDGER_COMPARED)
-    assert arm_names() == (DENSE, *policy_names())
-    assert find_arm(DENSE).dense and not find_arm(DENSE).random and find_arm("randkv").random
-    assert not find_arm("h2o").random
-    with pytest.raises(ValueError, match="unknown evictor 'nope'; choose from"):
-        find_arm("nope")
-    # The pointer chain cannot tell an oracle its problems' future; the ledger can.
-    with pytest.raises(ValueError, match="future uses"):
-        find_arm("oracle")
-    assert ledger_arm("oracle").knows_future and not ledger_arm("rkv").knows_future
-
-
-def test_attention_hooks_old_path_warns_and_is_the_hf_function():
-    import randkv.selectors
-
-    with pytest.warns(DeprecationWarning, match="randkv.hf.attention_hooks"):
-        old = randkv.selectors.attention_hooks
-    assert old is rh.attention_hooks
-    with pytest.warns(DeprecationWarning):
-        from randkv.selectors import attention_hooks  # noqa: F401
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        randkv.selectors.nope  # noqa: B018
 
 
 def test_cache_checks_what_a_selector_declares(eager, tiny_model_path):

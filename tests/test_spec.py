@@ -212,7 +212,7 @@ def test_survival_law_over_rounds():
 _PROCESS_SCRIPT = """
 import json
 from randkv import RandKVConfig, retained_positions
-from randkv.planner import plan_round
+from randkv.kernels.planner import plan_round
 config = RandKVConfig(budget=30, buffer_size=5, seed=99)
 kept = retained_positions(config, prompt_length=7, tokens_seen=120, request_key=2**63 + 5,
                           layer=2, kv_head=3)

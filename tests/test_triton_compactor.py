@@ -11,12 +11,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from randkv import RandKVConfig, slot_positions  # noqa: E402
-from randkv.compactor import KVLayout, PagedCompactor  # noqa: E402
-from randkv.hostsync import count_host_syncs  # noqa: E402
-from randkv.planner import RoundPlanner  # noqa: E402
-from randkv.triton_jit import Kernel  # noqa: E402
+from randkv.kernels.compactor import KVLayout, PagedCompactor  # noqa: E402
+from randkv.kernels.hostsync import count_host_syncs  # noqa: E402
+from randkv.kernels.planner import RoundPlanner  # noqa: E402
+from randkv.kernels.triton_jit import Kernel  # noqa: E402
 
-triton_compactor = pytest.importorskip("randkv.triton_compactor")
+triton_compactor = pytest.importorskip("randkv.kernels.triton_compactor")
 TritonCompactor = triton_compactor.TritonCompactor
 
 SPLIT = KVLayout.KV_BLOCK_SLOT_HEAD

@@ -18,9 +18,9 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from randkv import RandKVConfig, spec  # noqa: E402
-from randkv.planner import RoundPlanner, to_key_tensor  # noqa: E402
+from randkv.kernels.planner import RoundPlanner, to_key_tensor  # noqa: E402
 
-triton_planner = pytest.importorskip("randkv.triton_planner")
+triton_planner = pytest.importorskip("randkv.kernels.triton_planner")
 
 # The planner kernel calls triton.language helpers (tl.zeros, tl.sum), which run on CPU
 # only when Triton itself was first imported with TRITON_INTERPRET=1. In a whole-suite
@@ -88,7 +88,7 @@ def test_triton_plans_rows_with_their_own_budgets():
 
 @needs_interpreter
 def test_a_64_round_step_is_a_constant_few_launches():
-    from randkv.launches import planner_launches
+    from randkv.kernels.launches import planner_launches
 
     config = RandKVConfig(budget=256, buffer_size=16)
     fast = RoundPlanner(config, [0], [0], backend="triton")
@@ -103,7 +103,7 @@ def test_a_64_round_step_is_a_constant_few_launches():
 
 @needs_interpreter
 def test_warmup_compiles_the_variant_every_step_meets(monkeypatch):
-    from randkv.triton_jit import Kernel
+    from randkv.kernels.triton_jit import Kernel
 
     kernel = triton_planner.KERNEL
     monkeypatch.setattr(Kernel, "tracking", True)

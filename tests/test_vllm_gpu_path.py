@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from randkv import RandKVConfig  # noqa: E402
-from randkv.compactor import KVLayout  # noqa: E402
+from randkv.kernels.compactor import KVLayout  # noqa: E402
 from randkv.vllm import engine_args  # noqa: E402
 from randkv.vllm.class_swap import swap_class  # noqa: E402
 from randkv.vllm.refusals import UnsupportedModeError  # noqa: E402
@@ -199,7 +199,7 @@ def test_layers_sharing_one_kv_cache_are_refused_at_setup():
 def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     import vllm.utils.platform_utils as platform_utils
 
-    from randkv import hostsync
+    from randkv.kernels import hostsync
     from randkv.vllm.runner_base import RandKVRunnerMixin
 
     monkeypatch.setattr(hostsync, "_pin_memory", True)
@@ -213,8 +213,8 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
 def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch):
     """vLLM profiles memory before any round: the planner's allocations must be reserved."""
 
-    from randkv import planner as planner_module
-    from randkv.planner import RoundPlanner
+    from randkv.kernels import planner as planner_module
+    from randkv.kernels.planner import RoundPlanner
     from randkv.vllm.gpu_worker import RandKVGPUWorker, randkv_memory_reserve
 
     config = RandKVConfig(budget=2048, buffer_size=64)

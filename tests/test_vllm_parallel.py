@@ -22,8 +22,8 @@ from engine_teardown import shut_down_beside_others
 pytest.importorskip("vllm")
 
 from randkv import RandKVConfig, slot_positions  # noqa: E402
-from randkv.compactor import KVLayout, PagedCompactor  # noqa: E402
-from randkv.planner import RoundPlanner  # noqa: E402
+from randkv.kernels.compactor import KVLayout, PagedCompactor  # noqa: E402
+from randkv.kernels.planner import RoundPlanner  # noqa: E402
 from randkv.spec import num_rounds  # noqa: E402
 
 CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=11)

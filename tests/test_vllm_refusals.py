@@ -84,7 +84,7 @@ def engine(tiny_model_path):
 def test_cpu_attention_kernels_that_pack_kv_otherwise_are_refused(engine):
     """The running engine's own attention layers, with the ISA set where the release keeps
     it (the layer from vLLM 0.32, its kernel object in 0.28): only vec/vec16 pass."""
-    from randkv.compactor import KVLayout
+    from randkv.kernels.compactor import KVLayout
     from randkv.vllm.compat.cpu_attention import attention_isa
 
     worker = engine.llm_engine.model_executor.driver_worker.worker

@@ -128,8 +128,9 @@ def test_randkv_step_code_reads_nothing_back_from_tensors(llm):
     """RandKV's per-step worker code (the round directives, compaction, physical inputs)
     makes no host sync: on CPU, where host and device tensors look alike, that means no
     item/tolist/numpy/bool of any tensor and no data-dependent op. A step that fires rounds
-    is no exception: the planner checks its draws with a device-side assert (randkv.planner)."""
-    from randkv.hostsync import count_host_syncs
+    is no exception: the planner checks its draws with a device-side assert
+    (randkv.kernels.planner)."""
+    from randkv.kernels.hostsync import count_host_syncs
 
     runner = _runner(llm)
     counts: list[tuple[bool, int, dict]] = []

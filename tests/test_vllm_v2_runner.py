@@ -147,7 +147,7 @@ def test_randkv_step_code_reads_nothing_back_on_v2(llm, monkeypatch):
     import vllm.v1.worker.gpu.input_batch as v2_inputs
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    from randkv.hostsync import count_host_syncs
+    from randkv.kernels.hostsync import count_host_syncs
 
     runner = _runner(llm)
     active = []  # the counter of the RandKV call in progress

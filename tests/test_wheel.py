@@ -1,6 +1,7 @@
-"""The wheel: `python -m build` packs the shipped checkpoint and the vLLM plugin entry point,
-and a fresh virtual environment with only that wheel (vLLM and torch reused from this
-environment, no network) runs RandKV under stock vLLM's OpenAI server."""
+"""The wheel: `python -m build` packs the library and the vLLM plugin entry point, and no
+model weights or study code; a fresh virtual environment with only that wheel (vLLM and
+torch reused from this environment, no network) runs RandKV under stock vLLM's OpenAI
+server."""
 
 from __future__ import annotations
 
@@ -47,17 +48,23 @@ def wheel(tmp_path_factory) -> Path:
     return wheel
 
 
-def test_the_wheel_ships_the_checkpoint_and_the_plugin(wheel):
+def test_the_wheel_ships_the_library_and_the_plugin_and_nothing_else(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         text = archive.read(entry_points).decode()
-    assert "randkv/quality/checkpoint/model.safetensors" in names
-    assert "randkv/quality/checkpoint_ledger/model.safetensors" in names
-    for task in ("pointer", "ledger"):  # the task folders are packages of their own
-        assert f"randkv/quality/{task}/__init__.py" in names
+    modules = {n for n in names if n.endswith(".py")}
+    # Every module of the library, each layer's package included, and nothing beside it.
+    library = {str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "randkv").rglob("*.py")}
+    assert modules == library
+    assert {"randkv/spec/__init__.py", "randkv/kernels/planner.py"} <= modules
     assert "randkv/vllm/plugin.py" in names
     assert "[vllm.general_plugins]" in text and "randkv.vllm.plugin:register" in text
+    # No model weights, no study code or checkpoints (the studies run from a checkout).
+    assert not [n for n in names if n.endswith((".safetensors", ".bin", ".gguf", ".pt"))]
+    assert not [n for n in names if n.startswith(("studies/", "randkv/quality/", "tests/"))]
+    data = [n for n in names if not n.endswith(".py") and ".dist-info/" not in n]
+    assert not data, data
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,17 @@
 """RandKV: Random Attention KV-cache eviction for real inference engines.
 
-`import randkv` needs only the standard library; the torch planner and compactor
-live in `randkv.planner` and `randkv.compactor`.
+`import randkv` needs only the standard library. The layers, each importing only those
+below it (docs/architecture.md):
+
+- `randkv.spec`: the executable spec, pure Python;
+- `randkv.kernels`: the torch and Triton planner and compactor;
+- `randkv.vllm`, `randkv.hf`, `randkv.selectors`: the engine integration and adapters;
+- `randkv.cli`, `randkv.bench`, `randkv.check`, `randkv.demo`, `randkv.models`: what users run.
 """
 
-from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.spec import (
+    PromptTooLongError,
+    RandKVConfig,
     coerce_request_key,
     evicted_slots,
     num_rounds,

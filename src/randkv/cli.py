@@ -49,7 +49,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
 
     from randkv.bench.serve import ServeBench
     from randkv.bench.workload import WorkloadSpec
-    from randkv.config import RandKVConfig
+    from randkv.spec.config import RandKVConfig
 
     return ServeBench(
         model=args.model,
@@ -292,9 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     _add_model_commands(commands)
-    from randkv.quality.cli import add_quality_commands
-
-    add_quality_commands(commands)
     return parser
 
 

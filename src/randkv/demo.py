@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 if TYPE_CHECKING:
     from randkv.bench.answers import AnswerPair

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from randkv.config import RandKVConfig
 from randkv.spec import num_rounds
+from randkv.spec.config import RandKVConfig
 
 MARK = "[*]"
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from randkv.bench.timing import machine_info, time_calls
-from randkv.compactor import KVLayout, PagedCompactor
-from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner
+from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.kernels.planner import RoundPlanner
+from randkv.spec.config import RandKVConfig
 
 
 def run(

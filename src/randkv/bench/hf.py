@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from randkv.bench.timing import machine_info
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 
 def _prompts(batch: int, length: int, vocab: int) -> torch.Tensor:

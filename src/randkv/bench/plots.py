@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from randkv.config import RandKVConfig
 from randkv.spec import num_rounds, physical_length
+from randkv.spec.config import RandKVConfig
 
 _ARM_STYLE = {
     "plain": {"label": "plain vLLM", "color": "tab:gray"},

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from randkv.bench.timing import machine_info, time_calls
-from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner, to_key_tensor
+from randkv.kernels.planner import RoundPlanner, to_key_tensor
+from randkv.spec.config import RandKVConfig
 
 
 def _python_sample_round(n: int, r: int, layers: int, heads: int, key: int, round_index: int):
@@ -92,12 +92,12 @@ def run(
 def launches_per_step(planner: RoundPlanner) -> dict[str, Any]:
     """Kernel launches of one planned step of 1 and 64 rounds, per planner backend.
 
-    Counted with the torch profiler (`randkv.launches`), so on any machine. The Triton
+    Counted with the torch profiler (`randkv.kernels.launches`), so on any machine. The Triton
     planner runs on CPU only in Triton's interpreter (TRITON_INTERPRET=1), where it is
     counted on one (layer, head) site, the count not depending on the shape; without CUDA
     or the interpreter it is not measured.
     """
-    from randkv.launches import planner_launches
+    from randkv.kernels.launches import planner_launches
 
     counts: dict[str, Any] = {}
     config, layers, heads = planner.config, planner.layers, planner.kv_heads

@@ -32,7 +32,7 @@ from randkv.bench.serve_schema import SCHEMA_NAME, SCHEMA_VERSION, validate
 from randkv.bench.server import Server, running_server
 from randkv.bench.timing import machine_info
 from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 from randkv.vllm.timeline import TIMELINE_ENV, TimelineScheduler, read_timeline
 
 TARGET_THROUGHPUT_RATIO = 2.0

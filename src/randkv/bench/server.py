@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 SERVED_MODEL_NAME = "randkv-bench"
 

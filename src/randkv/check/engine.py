@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 PROMPTS = (
     "The quick brown fox jumps over the lazy dog, then keeps running far away.",

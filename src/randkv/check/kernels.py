@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from randkv import spec
-from randkv.compactor import KVLayout, PagedCompactor
-from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner
-from randkv.rounds import RoundPlan
+from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.kernels.planner import RoundPlanner
+from randkv.spec.config import RandKVConfig
+from randkv.spec.rounds import RoundPlan
 
 KEYS = (0, 2**63, 2**64 - 1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -282,7 +282,7 @@ def planner_slices(setup: Setup) -> dict[str, Any]:
 def compactor_matrix(setup: Setup) -> dict[str, Any]:
     """Torch and Triton compactors bitwise against `reference_apply` for every dtype, head
     size, block size and layout vLLM's GPU backends use."""
-    from randkv.triton_compactor import TritonCompactor
+    from randkv.kernels.triton_compactor import TritonCompactor
 
     device = setup.device
     config = RandKVConfig(budget=40, buffer_size=8, seed=5)
@@ -380,7 +380,7 @@ def attention_semantic(setup: Setup) -> dict[str, Any]:
     """Decode with rounds; then each slot holds exactly the spec's position (bitwise), and
     attention (`scaled_dot_product_attention`) over the compacted physical slots equals
     attention over the retained positions of a dense cache."""
-    from randkv.triton_compactor import TritonCompactor
+    from randkv.kernels.triton_compactor import TritonCompactor
 
     device = setup.device
     config = RandKVConfig(budget=40, buffer_size=8, seed=11)
@@ -462,8 +462,8 @@ def cuda_graph_replay(setup: Setup) -> dict[str, Any]:
     does) its replay must equal eager attention over the retained positions.
 
     Without CUDA the same body runs eagerly (the line is then a skip, not a pass)."""
-    from randkv.cadence import physical_lengths
-    from randkv.triton_compactor import TritonCompactor
+    from randkv.kernels.triton_compactor import TritonCompactor
+    from randkv.spec.cadence import physical_lengths
 
     device = setup.device
     config = RandKVConfig(budget=40, buffer_size=8, seed=3)
@@ -554,9 +554,9 @@ def compile_once(setup: Setup) -> dict[str, Any]:
     """Warm-up compiles each Triton kernel's one serving variant (timed on CUDA); then
     serving-like steps (any batch, table widths 1 / 16k / other) meet only warmed keys and,
     on CUDA, add nothing to Triton's cache."""
-    from randkv import triton_compactor, triton_planner
-    from randkv.triton_compactor import TritonCompactor
-    from randkv.triton_jit import Kernel
+    from randkv.kernels import triton_compactor, triton_planner
+    from randkv.kernels.triton_compactor import TritonCompactor
+    from randkv.kernels.triton_jit import Kernel
 
     device = setup.device
     config = RandKVConfig(budget=2048 if setup.cuda else 40, buffer_size=64 if setup.cuda else 4)
@@ -615,8 +615,8 @@ def compile_once(setup: Setup) -> dict[str, Any]:
 
 def host_syncs(setup: Setup) -> dict[str, Any]:
     """One step's RandKV work (plan + compaction) reads nothing back to the host."""
-    from randkv.hostsync import count_host_syncs
-    from randkv.triton_compactor import TritonCompactor
+    from randkv.kernels.hostsync import count_host_syncs
+    from randkv.kernels.triton_compactor import TritonCompactor
 
     device = setup.device
     config = RandKVConfig(budget=2048 if setup.cuda else 32, buffer_size=64 if setup.cuda else 4)
@@ -666,7 +666,7 @@ def host_syncs(setup: Setup) -> dict[str, Any]:
 
 def launches(setup: Setup) -> dict[str, Any]:
     """Kernel launches per planned step of 64 rounds: this device's planner vs torch's."""
-    from randkv.launches import planner_launches
+    from randkv.kernels.launches import planner_launches
 
     config = RandKVConfig(budget=2048, buffer_size=64)
     layers, heads = (range(36), range(8)) if setup.cuda else (range(1), range(1))
@@ -692,7 +692,7 @@ def launches(setup: Setup) -> dict[str, Any]:
 def speed(setup: Setup) -> dict[str, Any]:
     """Compaction GB/s against a plain device copy of the same bytes, and planner time, at
     Qwen3-4B-like shapes (36 layers, 8 KV heads, D 128, bf16) for 1, 8 and 64 rounds."""
-    from randkv.triton_compactor import TritonCompactor
+    from randkv.kernels.triton_compactor import TritonCompactor
 
     device = setup.device
     if setup.cuda:

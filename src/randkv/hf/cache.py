@@ -32,13 +32,13 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from randkv import spec
-from randkv.cadence import latest_round_index, physical_lengths
-from randkv.compactor import KVLayout, PagedCompactor
-from randkv.config import RandKVConfig
 from randkv.hf.support import check_supported
-from randkv.planner import to_key_tensor
-from randkv.rounds import RoundPlan
+from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.kernels.planner import to_key_tensor
 from randkv.selectors import AttentionStep, RandKV, RoundView, Selector
+from randkv.spec.cadence import latest_round_index, physical_lengths
+from randkv.spec.config import RandKVConfig
+from randkv.spec.rounds import RoundPlan
 
 __all__ = ["RandKVCache", "left_pad", "prompt_rows"]
 

@@ -24,10 +24,10 @@ from transformers.generation.logits_process import (
 )
 
 from randkv import spec
-from randkv.config import RandKVConfig
 from randkv.hf.cache import RandKVCache, prompt_rows
 from randkv.hf.hooks import attention_hooks
 from randkv.hf.support import check_supported
+from randkv.spec.config import RandKVConfig
 
 __all__ = [
     "TeacherForced",

@@ -9,8 +9,6 @@ Every policy is registered by name in `randkv.selectors.registry`, which also sa
 one keeps. See docs/selectors.md.
 """
 
-from typing import Any
-
 from randkv.selectors.base import PromptChoice, ScoredSelector, Selector, lowest
 from randkv.selectors.h2o import H2O
 from randkv.selectors.oracle import Belady, Need
@@ -39,21 +37,3 @@ __all__ = [
     "StreamingLLM",
     "lowest",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The Transformers attention hooks moved to randkv.hf; imported here only on first use,
-    # so that `import randkv.selectors` does not import randkv.hf (which imports this package).
-    if name == "attention_hooks":
-        import warnings
-
-        from randkv.hf.hooks import attention_hooks
-
-        warnings.warn(
-            "randkv.selectors.attention_hooks moved to randkv.hf.attention_hooks; the old name "
-            "goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return attention_hooks
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

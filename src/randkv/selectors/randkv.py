@@ -8,10 +8,10 @@ from functools import lru_cache
 
 import torch
 
-from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner
+from randkv.kernels.planner import RoundPlanner
 from randkv.selectors.base import PromptChoice
 from randkv.selectors.view import RoundView
+from randkv.spec.config import RandKVConfig
 
 __all__ = ["RandKV", "SharedRandKV"]
 

@@ -3,7 +3,7 @@
 Adding a policy is its file plus one line in `POLICIES`: an instance with the parameters it
 runs with. Its name is the instance's `name` (`label`, plus `-noprompt` for a
 `PromptChoice` with `protect_prompt=False`), and each lookup returns a fresh copy. A study
-names the policies it compares (a tuple of these names); `randkv quality eval --evictors`
+names the policies it compares (a tuple of these names); `python -m studies eval --evictors`
 takes any of them.
 """
 

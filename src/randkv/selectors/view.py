@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 __all__ = ["AttentionStep", "RoundView"]
 

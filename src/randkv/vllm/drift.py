@@ -436,7 +436,7 @@ def additional_config_problem() -> str | None:
 
     from vllm.config import VllmConfig
 
-    from randkv.config import RandKVConfig
+    from randkv.spec.config import RandKVConfig
     from randkv.vllm.options import RandKVAdditionalConfig
 
     declared = typing.get_type_hints(VllmConfig).get("additional_config")
@@ -456,7 +456,7 @@ def environment_problem() -> str | None:
 
     from vllm.platforms import current_platform
 
-    from randkv.config import RandKVConfig
+    from randkv.spec.config import RandKVConfig
     from randkv.vllm.engine_args import randkv_engine_kwargs
 
     validate = getattr(current_platform, "validate_environ", None)

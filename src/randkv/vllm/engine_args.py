@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 from randkv.vllm.compat.runner import ask_for_supported_runner
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.refusals import (

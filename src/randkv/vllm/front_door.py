@@ -35,7 +35,7 @@ from typing import Any
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
 
-from randkv.config import PromptTooLongError, RandKVConfig, RequestBudgetError
+from randkv.spec.config import PromptTooLongError, RandKVConfig, RequestBudgetError
 from randkv.vllm.options import config_from_vllm
 from randkv.vllm.request_key import check_request_fields, requested_budget
 

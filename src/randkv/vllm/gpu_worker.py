@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker
 
-from randkv.compactor import KVLayout
+from randkv.kernels.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.worker_base import RandKVWorkerMixin, logger
 
@@ -40,7 +40,7 @@ class GPURunnerMixin:
         logger.info("RandKV: Triton kernels compiled at start-up in %.2f s", sum(seconds.values()))
 
     def randkv_make_compactor(self, layout: KVLayout, block_size: int) -> Any:
-        from randkv.triton_compactor import make_compactor
+        from randkv.kernels.triton_compactor import make_compactor
 
         # CUDA: one Triton launch for all of a step's moves; elsewhere the torch compactor.
         return make_compactor(layout, block_size, self.kv_caches[0].device)
@@ -67,7 +67,7 @@ def randkv_warmup(planner: Any, compactor: Any, caches: Any) -> dict[str, float]
 def randkv_memory_reserve(config: Any, sites: int, max_num_seqs: int) -> int:
     """Bytes to keep out of the KV cache for RandKV's per-step allocations (every request
     of a step may fire a round)."""
-    from randkv.planner import planner_peak_bytes
+    from randkv.kernels.planner import planner_peak_bytes
 
     return planner_peak_bytes(config, sites, max_num_seqs, "cuda")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import vllm
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 from randkv.vllm.metrics import merge_ranks
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.plugin import register

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 ADDITIONAL_CONFIG_KEY = "randkv"
 

@@ -23,7 +23,7 @@ import logging
 import os
 from typing import Any
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 from randkv.vllm.options import RandKVAdditionalConfig, options_in
 
 logger = logging.getLogger("vllm.randkv.plugin")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from randkv.config import RandKVConfig
 from randkv.spec import coerce_request_key, request_key_from_content
+from randkv.spec.config import RandKVConfig
 
 USER_KEY_FIELD = "randkv_key"
 BUDGET_FIELD = "randkv_budget"

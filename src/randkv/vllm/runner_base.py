@@ -25,11 +25,11 @@ import torch
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 
-from randkv.cadence import physical_lengths
-from randkv.compactor import KVLayout, PagedCompactor
-from randkv.config import RandKVConfig
-from randkv.planner import RoundPlanner
-from randkv.slotmap import SlotPositionMap
+from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.kernels.planner import RoundPlanner
+from randkv.kernels.slotmap import SlotPositionMap
+from randkv.spec.cadence import physical_lengths
+from randkv.spec.config import RandKVConfig
 from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.parallel import kv_head_shard
@@ -92,7 +92,7 @@ class RandKVRunnerMixin:
         )
         from vllm.utils.platform_utils import is_pin_memory_available
 
-        from randkv.hostsync import set_pin_memory
+        from randkv.kernels.hostsync import set_pin_memory
 
         refuse_shared_kv_layers(self.randkv_shared_kv_layers())
         set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from randkv.cadence import physical_lengths, rounds_completed
-from randkv.hostsync import host_to_device
+from randkv.kernels.hostsync import host_to_device
+from randkv.spec.cadence import physical_lengths, rounds_completed
 from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.runner_base import RandKVRunnerMixin

@@ -17,8 +17,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
-from randkv.config import PromptTooLongError, RandKVConfig
 from randkv.spec import num_rounds, physical_length
+from randkv.spec.config import PromptTooLongError, RandKVConfig
 from randkv.vllm.class_swap import swap_class
 from randkv.vllm.engine_args import check_engine_supported
 from randkv.vllm.kv_spec import check_kv_cache_groups

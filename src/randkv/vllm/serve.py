@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from randkv.config import RandKVConfig
+from randkv.spec.config import RandKVConfig
 
 
 def randkv_option_parser() -> argparse.ArgumentParser:

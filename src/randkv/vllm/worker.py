@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from randkv.compactor import KVLayout
+from randkv.kernels.compactor import KVLayout
 from randkv.vllm.compat.cpu_attention import VEC_ISAS, attention_isas
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.worker_base import (

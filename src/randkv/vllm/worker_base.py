@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-from randkv.compactor import KVLayout
+from randkv.kernels.compactor import KVLayout
 from randkv.vllm.kv_spec import bounded_spec
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError

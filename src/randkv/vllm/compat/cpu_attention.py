@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: The kernels whose KV layout `randkv.compactor.KVLayout.VLLM_CPU_VEC` describes.
+#: The kernels whose KV layout `randkv.kernels.compactor.KVLayout.VLLM_CPU_VEC` describes.
 VEC_ISAS = frozenset({"vec", "vec16"})
 
 

@@ -1,8 +1,0 @@
-"""The pointer-chain task (and its tally-chain variant): `randkv quality train|eval`.
-
-- `task`: the problem generator; `checker`: the independent checker;
-- `train`: the model's training batches (the loop is `randkv.quality.training`);
-- `evaluate`: the evaluation driver, `COMPARED` (the policies it compares), quality.json;
-- `strata`: Holm over the paired table, accuracy by cycle length;
-- `report`: quality.md and quality.png.
-"""
