@@ -13,12 +13,12 @@ VENV ?= $(if $(filter $(DEFAULT_VLLM),$(VLLM)),.venv,.venv-vllm-$(VLLM))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.randkv-setup-stamp
 # The tests that start a vLLM engine or hook vLLM's classes: engine, plugin, options, refusals,
-# metrics, parallel, stock server, serving, routes, long prompts, chaos, wheel (CI runs them on
-# every CPU release; the drift check and the fuzzer run once, in the default environment).
+# metrics, parallel, stock server, serving, routes, long prompts, chaos (CI runs them on every
+# CPU release). What does not depend on the release runs once, in the default environment:
+# the drift check (it reads every release itself), the fuzzer, the wheel's contents, studies.
 VLLM_TESTS := $(filter-out tests/test_vllm_drift.py,$(wildcard tests/test_vllm_*.py)) \
 	tests/test_engine_chaos.py tests/test_serve.py tests/test_serve_cli.py \
-	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py \
-	tests/test_wheel.py
+	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py
 # vLLM's V2 model runner in Triton's interpreter (tests/v2_runner.py): the engine tests.
 V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm_plugin.py \
 	tests/test_vllm_v2_runner.py \

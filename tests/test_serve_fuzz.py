@@ -32,7 +32,7 @@ from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 pytestmark = pytest.mark.engine
 
 CONFIG = RandKVConfig(budget=64, buffer_size=16, seed=5)
-EXAMPLES = 60  # per route: about a minute of requests on the tiny model
+EXAMPLES = 30  # per route: about half a minute of requests on the tiny model
 
 RANDKV_FIELDS = {
     "type": "object",

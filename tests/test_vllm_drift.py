@@ -112,11 +112,7 @@ def test_imports_in_try_except_import_error_are_alternatives(tmp_path):
 def test_every_vllm_import_of_randkv_is_in_a_checked_file():
     """The checker reads every RandKV file that imports vLLM (a new one cannot hide)."""
     package = Path(drift.RANDKV_VLLM).parent
-    importing = {
-        path
-        for path in package.rglob("*.py")
-        if any(drift.vllm_imports(path)) and "quality" not in path.parts
-    }
+    importing = {path for path in package.rglob("*.py") if any(drift.vllm_imports(path))}
     assert importing <= set(drift._randkv_sources())
 
 

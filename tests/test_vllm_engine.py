@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from engine_teardown import shut_down_beside_others
-from v2_runner import v2_requested
+from v2_runner import scheduler_side_only, v2_requested
 
 pytest.importorskip("vllm")
 
@@ -324,6 +324,7 @@ def long_engine(tiny_model_path):
     return LLM(model=tiny_model_path, randkv=LONG, num_gpu_blocks_override=64, **settings)
 
 
+@scheduler_side_only
 def test_long_prompts_are_served_whole_with_their_own_budget(long_engine, tiny_model_path):
     """Under min_generated a prompt over K is served: its own K is P + G, the prompt stays
     whole, the evictions are the spec's and the tokens the Transformers reference's."""
@@ -382,6 +383,7 @@ def test_long_and_short_prompts_share_a_batch_and_prompt_blocks(long_engine):
     assert _tokens([again]) == _tokens([alone[2]])
 
 
+@scheduler_side_only
 def test_a_request_asks_for_its_own_budget(long_engine):
     llm = long_engine
     prompt = PROMPTS[1]
@@ -412,7 +414,7 @@ def test_a_request_asks_for_its_own_budget(long_engine):
     assert "randkv_budget must be in [1, 160]" in str(refused.outputs[0].stop_reason)
 
 
-@pytest.mark.skipif(v2_requested(), reason="the scheduler's record: one runner is enough")
+@scheduler_side_only  # the scheduler's record
 def test_the_timeline_counts_every_waiting_request(tiny_model_path, tmp_path, monkeypatch):
     """The per-step record the serving benchmark reads: requests waiting are the scheduler's
     requests minus its running ones, whatever queues the release keeps them in (vLLM 0.32

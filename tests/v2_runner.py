@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 RUNNER_ENV = "RANDKV_TEST_RUNNER"
 
 
 def v2_requested() -> bool:
     return os.environ.get(RUNNER_ENV, "v1") == "v2"
+
+
+#: A test whose subject is scheduler-side only (budgets, keys, admission, policies): the
+#: worker runs the same directives under either runner, so the V1 leg's run is the proof and
+#: the V2 leg (Triton's interpreter, slow) skips it.
+scheduler_side_only = pytest.mark.skipif(
+    v2_requested(), reason="scheduler-side only: the V1 run proves it for both runners"
+)
 
 
 def enable_v2_runner() -> None:
