@@ -21,6 +21,7 @@ VLLM_TESTS := $(filter-out tests/test_vllm_drift.py,$(wildcard tests/test_vllm_*
 	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py
 # vLLM's V2 model runner in Triton's interpreter (tests/v2_runner.py): the engine tests.
 V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm_plugin.py \
+	tests/test_vllm_async.py \
 	tests/test_vllm_v2_runner.py \
 	tests/test_randkv_check.py::test_the_vllm_lines_pass_with_the_installed_vllm
 

@@ -22,6 +22,7 @@ chunks (RandKV ends chunks at round boundaries). So the engine runs in two modes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import random
@@ -33,6 +34,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from async_scheduling import cpu_async_scheduling  # noqa: E402
 from v2_runner import scheduler_side_only, v2_requested  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
@@ -65,6 +67,7 @@ class Mode:
     max_num_batched_tokens: int
     seeded: bool
     config: RandKVConfig = CONFIG
+    async_scheduling: bool = False  # vLLM's GPU default, lifted on CPU for tests only
 
 
 MODES = {
@@ -74,26 +77,33 @@ MODES = {
     # 8 requests x (K + 2r) tokens: the token budget never splits a chunk. Prompts over K
     # are refused.
     "priority-seeded": Mode("priority-seeded", "priority", 1024, seeded=True),
+    # The chunked mode under vLLM's async scheduling: each step is scheduled while the one
+    # before it runs, so between two engine steps a request may hold a step in flight.
+    "fcfs-chunked-async": Mode(
+        "fcfs-chunked-async", "fcfs", 40, seeded=False, config=LONG, async_scheduling=True
+    ),
 }
 
 
 def _build_engine(model: str, mode: Mode) -> Any:
     from randkv.vllm import LLM
 
-    return LLM(
-        model=model,
-        randkv=mode.config,
-        dtype="float32",
-        max_model_len=512,  # the longest request: 120 prompt + 320 answer tokens
-        block_size=BLOCK,
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        max_num_seqs=MAX_SEQS,
-        max_num_batched_tokens=mode.max_num_batched_tokens,
-        num_gpu_blocks_override=POOL_BLOCKS,
-        scheduling_policy=mode.policy,
-        seed=0,
-    )
+    with cpu_async_scheduling() if mode.async_scheduling else contextlib.nullcontext():
+        return LLM(
+            model=model,
+            randkv=mode.config,
+            async_scheduling=mode.async_scheduling,
+            dtype="float32",
+            max_model_len=512,  # the longest request: 120 prompt + 320 answer tokens
+            block_size=BLOCK,
+            gpu_memory_utilization=0.2,
+            enforce_eager=True,
+            max_num_seqs=MAX_SEQS,
+            max_num_batched_tokens=mode.max_num_batched_tokens,
+            num_gpu_blocks_override=POOL_BLOCKS,
+            scheduling_policy=mode.policy,
+            seed=0,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ def test_randkv_options_are_taken_out_and_the_rest_goes_to_vllm():
     assert args.scheduler_cls == "randkv.vllm.scheduler.RandKVScheduler"
     assert args.worker_cls == "randkv.vllm.worker.RandKVCPUWorker"
     assert args.additional_config["randkv"] is config  # parsed once, here, and passed on
-    assert args.async_scheduling is False
+    assert args.async_scheduling is None  # vLLM decides (on by default on GPUs)
 
 
 def test_flag_alone_and_no_flag_both_mean_defaults():

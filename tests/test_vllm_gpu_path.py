@@ -66,21 +66,22 @@ def _supported_runners() -> frozenset[str]:
     return supported_runners(vllm.__version__)
 
 
-def test_on_cuda_randkv_takes_a_runner_it_supports_and_sync_scheduling(cuda_platform):
+def test_on_cuda_randkv_takes_a_runner_it_supports_and_vllms_scheduling(cuda_platform):
     """Where RandKV supports vLLM's V2 runner (0.32) it keeps vLLM's own choice (V2 on
-    CUDA); where it supports V1 only (0.28) it asks vLLM for V1."""
+    CUDA); where it supports V1 only (0.28) it asks vLLM for V1. Async scheduling is left
+    to vLLM (on by default on CUDA)."""
     import os
 
     kwargs = engine_args.randkv_engine_kwargs(RandKVConfig(), {"dtype": "bfloat16"})
     assert kwargs["worker_cls"] == "randkv.vllm.gpu_worker.RandKVGPUWorker"
-    assert kwargs["async_scheduling"] is False
+    assert "async_scheduling" not in kwargs
     if "v2" in _supported_runners():
         assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
     else:
         assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
-def test_asking_for_v2_where_unsupported_or_async_names_the_setting(cuda_platform, monkeypatch):
+def test_v2_where_unsupported_is_refused_and_async_passes(cuda_platform, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     if "v2" in _supported_runners():
         engine_args.randkv_engine_kwargs(RandKVConfig(), {})  # V2 is RandKV's too
@@ -88,8 +89,9 @@ def test_asking_for_v2_where_unsupported_or_async_names_the_setting(cuda_platfor
         with pytest.raises(UnsupportedModeError, match="set VLLM_USE_V2_MODEL_RUNNER=0"):
             engine_args.randkv_engine_kwargs(RandKVConfig(), {})
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
-    with pytest.raises(UnsupportedModeError, match=r"remove async_scheduling=True"):
-        engine_args.randkv_engine_kwargs(RandKVConfig(), {"async_scheduling": True})
+    for asked in (True, False):  # vLLM's setting, passed through as the user gave it
+        kwargs = engine_args.randkv_engine_kwargs(RandKVConfig(), {"async_scheduling": asked})
+        assert kwargs["async_scheduling"] is asked
 
 
 def test_a_runner_the_release_row_does_not_list_is_refused(monkeypatch):

@@ -216,9 +216,13 @@ def test_plugin_refusals_name_the_setting(monkeypatch):
     from randkv.vllm.refusals import UnsupportedModeError
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent-unused")
-    args = _engine_args_like(additional_config={"randkv": {}}, async_scheduling=True)
-    with pytest.raises(UnsupportedModeError, match="remove async_scheduling=True"):
+    args = _engine_args_like(additional_config={"randkv": {}}, kv_cache_dtype="fp8")
+    with pytest.raises(UnsupportedModeError, match="kv_cache_dtype='auto'"):
         plugin.apply_to_engine_args(args)
+    # Async scheduling is vLLM's to choose: asked for, it stays asked for.
+    args = _engine_args_like(additional_config={"randkv": {}}, async_scheduling=True)
+    plugin.apply_to_engine_args(args)
+    assert args.async_scheduling is True
     args = _engine_args_like(additional_config={"randkv": {"budjet": 1}})
     with pytest.raises(ValueError, match="unknown RandKV option"):
         plugin.apply_to_engine_args(args)

@@ -29,7 +29,6 @@ INSTALLED_ENGINE_ARGS = (
     "scheduler_cls",
     "worker_cls",
     "additional_config",
-    "async_scheduling",
     "enable_extensible_kv_cache",
 )
 
@@ -58,8 +57,6 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
             )
     ask_for_supported_runner()
     out = dict(kwargs)
-    # vLLM would otherwise turn async scheduling on by default on GPUs.
-    out["async_scheduling"] = False
     if "enable_extensible_kv_cache" in engine_arg_names():
         # vLLM 0.34 maps KV pages only after warm-up on CUDA and then replaces the cache
         # tensors; RandKV needs its caches (and its memory reserve) fixed at start-up.

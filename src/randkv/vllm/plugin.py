@@ -85,7 +85,6 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVCon
     current = {name: getattr(engine_args, name, None) for name in names}
     if current["scheduler_cls"] == SCHEDULER_CLS:  # already applied (e.g. a second config)
         current["scheduler_cls"] = current["worker_cls"] = None
-        current["async_scheduling"] = None
     for name, value in randkv_engine_kwargs(config, current).items():
         setattr(engine_args, name, value)
     if serving:  # the HTTP checks and the /metrics advice concern servers only

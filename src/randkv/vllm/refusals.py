@@ -100,13 +100,6 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("decode context parallelism", _parallel("decode_context_parallel_size")),
     Refusal("prefill context parallelism", _parallel("prefill_context_parallel_size")),
     Refusal(
-        "async scheduling (set async_scheduling=False, --no-async-scheduling)",
-        lambda c: bool(c.scheduler_config.async_scheduling),
-        "async_scheduling",
-        advice="RandKV needs synchronous scheduling (a round's directive must reach the "
-        "workers in the step it fires); remove async_scheduling=True (--async-scheduling)",
-    ),
-    Refusal(
         "vLLM's extensible KV cache",
         lambda c: bool(getattr(c.cache_config, "enable_extensible_kv_cache", False)),
         "enable_extensible_kv_cache",

@@ -13,6 +13,7 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
@@ -31,6 +32,7 @@ from randkv.vllm.messages import (
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.request_key import derive_request_key, request_config
+from randkv.vllm.scheduling_mode import FollowsSchedulingMode
 from randkv.vllm.timeline import TimelineMixin
 
 logger = init_logger("vllm.randkv.scheduler")
@@ -141,17 +143,25 @@ class RandKVCacheManager(KVCacheManager):
         new_blocks = self.coordinator.allocate_new_blocks(
             request.request_id, end, end, num_encoder_tokens
         )
-        if self.enable_caching and not delay_cache_blocks:
-            # Only whole prompt blocks enter the prefix cache: compaction writes slots >= P,
-            # so blocks holding generated tokens change after they are hashed.
-            full_prompt = (prompt // block_size) * block_size
-            self.coordinator.cache_blocks(request, min(computed + num_new_tokens, full_prompt))
+        if not delay_cache_blocks:
+            self.cache_blocks(request, computed + num_new_tokens)
         return self.create_kv_cache_blocks(new_blocks)
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Only whole prompt blocks enter the prefix cache: compaction writes slots >= P, so
+        blocks holding generated tokens change after they are hashed. (vLLM's async
+        scheduler also calls this, with each step's generated tokens.)"""
+        state = self.rounds.get(request.request_id)
+        if not self.enable_caching or state is None:
+            return
+        full_prompt = (state.prompt_length // self.block_size) * self.block_size
+        self.coordinator.cache_blocks(request, min(num_computed_tokens, full_prompt))
 
-class RandKVScheduler(TimelineMixin, Scheduler):
+
+class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
     """vLLM's scheduler with RandKV's cadence: chunks end at round boundaries, rounds are
-    announced to the workers, tail blocks are freed the step a round fires."""
+    announced to the workers, tail blocks are freed the step a round fires. Under vLLM's
+    async scheduling the engine gets `RandKVAsyncScheduler` (`randkv.vllm.scheduling_mode`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -298,3 +308,11 @@ class RandKVScheduler(TimelineMixin, Scheduler):
                 )
             )
         return outputs
+
+
+class RandKVAsyncScheduler(RandKVScheduler, AsyncScheduler):
+    """`RandKVScheduler` over vLLM's `AsyncScheduler`: step N + 1 is scheduled while step N
+    runs. A round needs nothing more (docs/vllm-integration.md, "Async scheduling")."""
+
+
+RandKVScheduler.async_twin = RandKVAsyncScheduler

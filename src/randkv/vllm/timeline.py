@@ -12,9 +12,11 @@ import os
 import time
 from typing import Any, TextIO
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from randkv.vllm.compat.queues import num_waiting
+from randkv.vllm.scheduling_mode import FollowsSchedulingMode
 
 TIMELINE_ENV = "RANDKV_TIMELINE"
 
@@ -38,12 +40,20 @@ class TimelineMixin:
         return output
 
 
-class TimelineScheduler(TimelineMixin, Scheduler):
-    """vLLM's own scheduler plus the timeline record: the benchmark's plain-vLLM arm."""
+class TimelineScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
+    """vLLM's own scheduler plus the timeline record: the benchmark's plain-vLLM arm (under
+    vLLM's async scheduling, `AsyncTimelineScheduler`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._open_timeline()
+
+
+class AsyncTimelineScheduler(TimelineScheduler, AsyncScheduler):
+    """`TimelineScheduler` over vLLM's `AsyncScheduler`."""
+
+
+TimelineScheduler.async_twin = AsyncTimelineScheduler
 
 
 def read_timeline(path: str | os.PathLike[str]) -> list[tuple[float, int, int, int]]:
