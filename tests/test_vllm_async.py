@@ -182,3 +182,55 @@ def test_async_bad_and_over_budget_requests_fail_alone(engines):
     for refused in outputs[1:]:
         assert refused.outputs[0].finish_reason == "error"
         assert "randkv_budget" in str(refused.outputs[0].stop_reason)
+
+
+def _due(own: RandKVConfig, prompt: int, seen: int) -> bool:
+    """A round falls due exactly at `seen` tokens seen."""
+    from randkv.spec import num_rounds
+
+    before = num_rounds(own, prompt_length=prompt, tokens_seen=seen - 1)
+    return num_rounds(own, prompt_length=prompt, tokens_seen=seen) > before
+
+
+def test_async_rounds_are_the_specs_count_for_requests_that_stop(engines):
+    """A round due at T tokens seen fires when the request is next scheduled. Under async
+    scheduling the next step is scheduled before the request is known to have stopped, so a
+    request that stops just as a round falls due still runs it; synchronously it never does.
+    Either way every round fired is the spec's and the tokens are the same.
+
+    Each request stops on a token id its greedy answer first emits at a chosen length: one
+    where a round is due at the end, and one where none is."""
+    from randkv.spec import num_rounds
+
+    sync, async_ = engines
+    long_run = SamplingParams(temperature=0, max_tokens=240, ignore_eos=True)
+    runs = sync.generate(PROMPTS, long_run, use_tqdm=False)
+    requests = []  # (prompt, stop token, expected answer length, a round due at its end)
+    for prompt, run in zip(PROMPTS, runs, strict=True):
+        p, tokens = len(run.prompt_token_ids), list(run.outputs[0].token_ids)
+        own = CONFIG.for_request(p)
+        found: dict[bool, tuple[int, int]] = {}
+        for index in range(1, len(tokens)):
+            seen = p + index  # the answer ends with tokens[index]: its KV is never written
+            due = _due(own, p, seen) and seen > own.max_physical_length
+            if tokens[index] not in tokens[:index] and due not in found:
+                found[due] = (tokens[index], index + 1)
+        requests += [(prompt, stop, n, due) for due, (stop, n) in found.items()]
+    assert sum(due for *_, due in requests) >= 2, "no answer could stop as a round fell due"
+    params = [
+        SamplingParams(temperature=0, max_tokens=240, stop_token_ids=[stop])
+        for _, stop, _, _ in requests
+    ]
+    prompts = [prompt for prompt, *_ in requests]
+    fired = {}
+    for name, llm in (("sync", sync), ("async", async_)):
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [n for *_, n, _ in requests]
+        fired[name] = [llm.randkv_request_stats(o.request_id)["rounds"] for o in outputs]
+    for (prompt, _, n, due), sync_rounds, async_rounds in zip(
+        requests, fired["sync"], fired["async"], strict=True
+    ):
+        p = len(runs[PROMPTS.index(prompt)].prompt_token_ids)
+        spec_count = num_rounds(CONFIG.for_request(p), prompt_length=p, tokens_seen=p + n - 1)
+        assert async_rounds == spec_count
+        assert sync_rounds == spec_count - due
