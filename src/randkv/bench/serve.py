@@ -33,7 +33,12 @@ from randkv.bench.server import Server, running_server
 from randkv.bench.timing import machine_info
 from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
 from randkv.spec.config import RandKVConfig
-from randkv.vllm.timeline import TIMELINE_ENV, TimelineScheduler, read_timeline
+from randkv.vllm.timeline import (
+    TIMELINE_ENV,
+    TimelineScheduler,
+    read_timeline,
+    timeline_scheduling,
+)
 
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_EVICTION_SHARE = 0.05
@@ -73,6 +78,7 @@ class ServeBench:
     dtype: str | None = None
     gpu_memory_utilization: float | None = None  # CPU backend: the share of host memory
     enforce_eager: bool | None = None
+    async_scheduling: bool | None = None  # None: vLLM's choice, the same for both arms
     results_dir: Path = Path("results/bench-serve")
     repeats: int = 1  # runs of each arm, in ABBA order
 
@@ -98,6 +104,7 @@ class ServeBench:
             "max_model_len": self.model_len(),
             "max_num_seqs": self.max_num_seqs,
             "enforce_eager": self.enforce_eager,
+            "async_scheduling": self.async_scheduling,
             "seed": 0,
         }
 
@@ -234,6 +241,7 @@ def run_arm(
         after = _wait_idle(server)
     timeline = _timeline(read_timeline(timeline_file), start_unix, makespan)
     summary = _summarize(randkv, traces, timeline, makespan, before, after)
+    summary["scheduling"] = timeline_scheduling(timeline_file)  # as vLLM ran it
     if keep_outputs:
         summary["outputs"] = [
             {"index": t.index, "token_ids": t.token_ids, "text": t.text} for t in traces
@@ -365,6 +373,7 @@ def assemble(
             "max_num_seqs": bench.max_num_seqs,
             "max_model_len": bench.model_len(),
             "dtype": bench.dtype,
+            "async_scheduling": bench.async_scheduling,  # as asked; None: vLLM's choice
         },
         "workload": bench.workload.to_json(),
         "repeats": repeats,

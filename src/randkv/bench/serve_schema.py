@@ -51,6 +51,7 @@ ARM_SCHEMA: dict[str, Any] = {
     ],
     "properties": {
         "randkv": {"type": ["object", "null"]},
+        "scheduling": {"enum": ["async", "sync", None]},  # optional: as vLLM ran the arm
         "requests_sent": _COUNT,
         "requests_completed": _COUNT,
         "requests_failed": _COUNT,

@@ -30,6 +30,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: Engine arguments whose False is not vLLM's default (None: vLLM decides), so it is passed.
+NEGATABLE_ENGINE_ARGS = frozenset({"async_scheduling"})
+
+
 def serve_argv(
     model: str, randkv: RandKVConfig | None, engine_args: Mapping[str, Any], port: int
 ) -> list[str]:
@@ -52,6 +56,8 @@ def serve_argv(
         flag = "--" + name.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif value is False and name in NEGATABLE_ENGINE_ARGS:
+            argv.append("--no-" + name.replace("_", "-"))
         elif value is not False and value is not None:
             argv.append(f"{flag}={value}")
     return argv

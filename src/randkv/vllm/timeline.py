@@ -22,13 +22,17 @@ TIMELINE_ENV = "RANDKV_TIMELINE"
 
 
 class TimelineMixin:
-    """Appends `unix_time running waiting kv_blocks_used` after every schedule() call."""
+    """Appends `unix_time running waiting kv_blocks_used` after every schedule() call, after
+    a first line `# scheduling async|sync` (the mode vLLM runs this scheduler in)."""
 
     _timeline: TextIO | None
 
     def _open_timeline(self) -> None:
         path = os.environ.get(TIMELINE_ENV)
         self._timeline = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        if self._timeline is not None:
+            mode = "async" if isinstance(self, AsyncScheduler) else "sync"
+            self._timeline.write(f"# scheduling {mode}\n")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         output = super().schedule(*args, **kwargs)
@@ -60,6 +64,17 @@ def read_timeline(path: str | os.PathLike[str]) -> list[tuple[float, int, int, i
     rows = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
+            if line.startswith("#"):
+                continue
             t, running, waiting, used = line.split()
             rows.append((float(t), int(running), int(waiting), int(used)))
     return rows
+
+
+def timeline_scheduling(path: str | os.PathLike[str]) -> str | None:
+    """The scheduling mode a timeline's scheduler ran in ("async" or "sync")."""
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("# scheduling "):
+                return line.split()[-1]
+    return None
