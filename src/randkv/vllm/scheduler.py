@@ -315,4 +315,4 @@ class RandKVAsyncScheduler(RandKVScheduler, AsyncScheduler):
     runs. A round needs nothing more (docs/vllm-integration.md, "Async scheduling")."""
 
 
-RandKVScheduler.async_twin = RandKVAsyncScheduler
+RandKVScheduler.randkv_async_twin = RandKVAsyncScheduler

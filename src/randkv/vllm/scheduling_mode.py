@@ -16,13 +16,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 
 class FollowsSchedulingMode:
-    """Mixin for a scheduler class named in `scheduler_cls`; set `async_twin` after both
+    """Mixin for a scheduler class named in `scheduler_cls`; set `randkv_async_twin` after both
     classes are defined."""
 
-    async_twin: ClassVar[type | None] = None
+    randkv_async_twin: ClassVar[type | None] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        twin = cls.async_twin
+        twin = cls.randkv_async_twin
         if twin is not None and not issubclass(cls, AsyncScheduler):
             vllm_config = kwargs.get("vllm_config", args[0] if args else None)
             if vllm_config is not None and vllm_config.scheduler_config.async_scheduling:

@@ -57,7 +57,7 @@ class AsyncTimelineScheduler(TimelineScheduler, AsyncScheduler):
     """`TimelineScheduler` over vLLM's `AsyncScheduler`."""
 
 
-TimelineScheduler.async_twin = AsyncTimelineScheduler
+TimelineScheduler.randkv_async_twin = AsyncTimelineScheduler
 
 
 def read_timeline(path: str | os.PathLike[str]) -> list[tuple[float, int, int, int]]:

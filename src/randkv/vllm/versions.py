@@ -96,16 +96,25 @@ def refusal_message(found: str) -> str:
     )
 
 
+# How RandKV schedules on each platform: the way vLLM does (docs/vllm-integration.md).
+SCHEDULING = {
+    "cpu": "sync; async proved in tests",
+    "cuda": "vLLM's (async by default)",
+}
+
+
 def markdown_table() -> str:
     """The README's table of supported releases."""
     lines = [
-        "| vLLM release | package | platform | model runner(s) | verified by |",
-        "|---|---|---|---|---|",
+        "| vLLM release | package | platform | model runner(s) | scheduling | verified by |",
+        "|---|---|---|---|---|---|",
     ]
     for r in SUPPORTED:
         runners = ", ".join(("V1" if name == "v1" else "V2") for name in r.runners)
         platform = "CPU" if r.platform == "cpu" else "CUDA GPU"
+        scheduling = SCHEDULING[r.platform]
         lines.append(
-            f"| {r.version} | `{r.distribution}` | {platform} | {runners} | {r.verified} |"
+            f"| {r.version} | `{r.distribution}` | {platform} | {runners} | {scheduling} "
+            f"| {r.verified} |"
         )
     return "\n".join(lines)
