@@ -140,7 +140,7 @@ def test_an_incomplete_folder_is_never_taken_for_a_model(tmp_path: Path) -> None
     target = tmp_path / f"{DEFAULT_MODEL}-float32"
     target.mkdir()
     (target / "config.json").write_text("{}")
-    with pytest.raises(ModelFetchError, match="randkv model fetch --force"):
+    with pytest.raises(ModelFetchError, match=f"randkv model fetch --name {DEFAULT_MODEL} --force"):
         fetch_model(cache_dir=tmp_path)
     # --force converts again, for real.
     assert fetch_model(cache_dir=tmp_path, force=True) == target
@@ -153,7 +153,9 @@ def test_an_incomplete_folder_is_never_taken_for_a_model(tmp_path: Path) -> None
 
 
 def test_unknown_names_and_dtypes_name_the_choices() -> None:
-    with pytest.raises(ValueError, match="choose from \\['smollm2-135m-instruct'\\]"):
+    with pytest.raises(
+        ValueError, match="choose from \\['gemma3-270m', 'smollm2-135m-instruct'\\]"
+    ):
         fetch_model("gpt-5")
     with pytest.raises(ValueError, match="dtype must be one of"):
         fetch_model(dtype="int8")
