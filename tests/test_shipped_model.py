@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from gguf_reference import converted_equals_gguf_loader
 
 from randkv.models import shipped
 from randkv.models.shipped import (
@@ -64,17 +64,7 @@ def test_a_second_call_reuses_the_folder(folder: Path) -> None:
 
 
 def test_weights_equal_transformers_own_gguf_loader(folder: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = Path(model_provenance(folder)["source"]["path"])
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(source.parent), gguf_file=source.name, dtype=torch.float32
-    )
-    converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids = tokenizer("The quick brown fox jumps over the lazy dog", return_tensors="pt").input_ids
-    with torch.inference_mode():
-        assert torch.equal(converted(ids).logits, reference(ids).logits)
+    converted, tokenizer, reference = converted_equals_gguf_loader(folder)
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         add_generation_prompt=True,
