@@ -11,6 +11,8 @@ DEFAULT_VLLM := 0.32.0
 VLLM ?= $(DEFAULT_VLLM)
 VENV ?= $(if $(filter $(DEFAULT_VLLM),$(VLLM)),.venv,.venv-vllm-$(VLLM))
 BIN := $(VENV)/bin
+# The slowest tests of each run, for whoever trims CI next.
+PYTEST := $(BIN)/python -m pytest -q --durations=15
 STAMP := $(VENV)/.randkv-setup-stamp
 # The tests that start a vLLM engine or hook vLLM's classes: engine, plugin, options, refusals,
 # metrics, parallel, stock server, serving, routes, long prompts, chaos (CI runs them on every
@@ -58,13 +60,13 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests studies
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-vllm: setup
-	$(BIN)/python -m pytest -q $(VLLM_TESTS)
+	$(PYTEST) $(VLLM_TESTS)
 
 test-v2: setup
-	RANDKV_TEST_RUNNER=v2 $(BIN)/python -m pytest -q $(V2_TESTS)
+	RANDKV_TEST_RUNNER=v2 $(PYTEST) $(V2_TESTS)
 
 # The drift check alone: every supported release, GPU-only ones from their wheels (--no-deps).
 drift: setup
