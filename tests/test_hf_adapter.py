@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from recompute_oracle import recompute_logprobs
 from transformers import (
-    AttentionInterface,
     AutoModelForCausalLM,
     BloomConfig,
     DynamicCache,
@@ -31,7 +31,6 @@ CAPACITY = CONFIG.max_physical_length  # K + 2r = 32
 # Different lengths, so rows fire their rounds at different steps.
 PROMPTS = [list(b"RandKV"), list(b"hello, world"), list(b"a"), list(b"the quick brown fox")]
 NEW_TOKENS = 48  # 5 to 9 rounds per row
-ORACLE_NAME = "randkv_test_oracle"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -190,54 +189,12 @@ def test_eviction_changes_the_output(batch_new, dense_new):
 
 # --------------------------------------------------------------------------- naive oracle
 
-_ORACLE_MASKS: dict[int, torch.Tensor] = {}
-
-
-def _oracle_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """Plain softmax attention with a per-(layer, KV head) mask over the whole sequence."""
-    groups = query.shape[1] // key.shape[1]
-    allowed = _ORACLE_MASKS[module.layer_idx].repeat_interleave(groups, 0)[None]
-    scores = query @ key.repeat_interleave(groups, 1).transpose(-1, -2) * scaling
-    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    out = probs @ value.repeat_interleave(groups, 1)
-    return out.transpose(1, 2).contiguous(), probs
-
-
-def _oracle_logprobs(ckpt, config, prompt, new, key) -> torch.Tensor:
-    """Recompute every step from scratch: one full-sequence forward without a cache, where
-    the query at position t of layer l, KV head h sees exactly the positions the spec says
-    that head holds when t is decoded (retained after t tokens, plus t itself)."""
-    AttentionInterface.register(ORACLE_NAME, _oracle_attention)
-    oracle = AutoModelForCausalLM.from_pretrained(
-        ckpt, dtype=torch.float32, attn_implementation=ORACLE_NAME
-    )
-    text = oracle.config
-    sequence = prompt + new
-    n = len(sequence)
-    for layer in range(text.num_hidden_layers):
-        mask = torch.zeros(text.num_key_value_heads, n, n, dtype=torch.bool)
-        for head in range(text.num_key_value_heads):
-            for t in range(n):
-                held = spec.retained_positions(
-                    config,
-                    prompt_length=len(prompt),
-                    tokens_seen=t,
-                    request_key=key,
-                    layer=layer,
-                    kv_head=head,
-                )
-                mask[head, t, [*held, t]] = True
-        _ORACLE_MASKS[layer] = mask
-    with torch.inference_mode():
-        logits = oracle(torch.tensor([sequence]), use_cache=False).logits[0]
-    return torch.log_softmax(logits[len(prompt) - 1 : n - 1].float(), dim=-1)
-
 
 def test_full_recompute_oracle_over_retained_positions(ckpt, model, batch_new):
     for row in (0, 3):
         prompt, new = PROMPTS[row], batch_new[row]
         key = request_key_from_content(prompt)
-        want = _oracle_logprobs(ckpt, CONFIG, prompt, new, key)
+        want = recompute_logprobs(ckpt, CONFIG, prompt, new, key)
         got = rh.teacher_forced_logprobs(model, prompt, new, randkv=CONFIG, request_key=key)
         torch.testing.assert_close(got.logprobs, want, atol=1e-4, rtol=0)
         assert want.argmax(-1).tolist() == new
@@ -252,7 +209,7 @@ def test_a_long_prompt_is_served_whole_under_min_generated(ckpt, model):
     new, _ = rh.reference_decode(model, prompt, randkv=config, request_key=key, max_new_tokens=60)
     cache = rh.RandKVCache(model, config, request_keys=[key], prompt_lengths=[len(prompt)])
     assert cache.config.budget == len(prompt) + 6  # its own K
-    want = _oracle_logprobs(ckpt, config, prompt, new, key)
+    want = recompute_logprobs(ckpt, config, prompt, new, key)
     got = rh.teacher_forced_logprobs(model, prompt, new, randkv=config, request_key=key)
     torch.testing.assert_close(got.logprobs, want, atol=1e-4, rtol=0)
     assert want.argmax(-1).tolist() == new
@@ -358,18 +315,23 @@ def _small_qwen3(**overrides) -> Qwen3Config:
     return Qwen3Config(**params)
 
 
-def test_sliding_window_and_alibi_models_are_refused():
-    sliding = Qwen3ForCausalLM(
+def test_sliding_window_only_and_alibi_models_are_refused():
+    # Full attention beside sliding layers is served (tests/test_hf_mixed_layers.py).
+    mixed = Qwen3ForCausalLM(
         _small_qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=1)
     )
-    assert sliding.config.layer_types == ["full_attention", "sliding_attention"]
-    with pytest.raises(rh.UnsupportedModelError, match="layer 1 .* 'sliding_attention'"):
-        rh.RandKVCache(sliding, CONFIG, request_keys=[1])
-    with pytest.raises(rh.UnsupportedModelError, match="sliding_attention"):
-        rh.generate(sliding, torch.tensor([[1, 2, 3]]), randkv=CONFIG, max_new_tokens=2)
+    assert mixed.config.layer_types == ["full_attention", "sliding_attention"]
+    assert rh.RandKVCache(mixed, CONFIG, request_keys=[1]).layer_ids == (0,)
     mistral = MistralConfig(num_hidden_layers=2, hidden_size=32, sliding_window=16)
     with pytest.raises(rh.UnsupportedModelError, match=r"sliding_attention.*sliding_window=16"):
         rh.RandKVCache(mistral, CONFIG, request_keys=[1])
+    with pytest.raises(rh.UnsupportedModelError, match="sliding_attention"):
+        rh.generate(
+            Qwen3ForCausalLM(_small_qwen3(layer_types=["sliding_attention"] * 2, sliding_window=8)),
+            torch.tensor([[1, 2, 3]]),
+            randkv=CONFIG,
+            max_new_tokens=2,
+        )
     with pytest.raises(rh.UnsupportedModelError, match="ALiBi"):
         rh.RandKVCache(BloomConfig(n_layer=2, hidden_size=32), CONFIG, request_keys=[1])
     assert rh.unsupported_reason(_small_qwen3()) is None

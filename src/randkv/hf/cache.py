@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from randkv import spec
-from randkv.hf.support import check_supported
+from randkv.hf.support import check_supported, randkv_layers
 from randkv.kernels.compactor import KVLayout, PagedCompactor
 from randkv.kernels.planner import to_key_tensor
 from randkv.selectors import AttentionStep, RandKV, RoundView, Selector
@@ -117,7 +117,7 @@ class _Step:
 
 
 class _RandKVLayer(CacheLayerMixin):
-    """One layer's buffers; all bookkeeping lives in the owning `RandKVCache`."""
+    """One full-attention layer's buffers; all bookkeeping lives in the owning `RandKVCache`."""
 
     is_sliding = False
     is_compileable = False
@@ -178,8 +178,14 @@ class RandKVCache(Cache):
     Decisions are the selector's (by default `randkv.selectors.RandKV`: `randkv.spec`'s, drawn
     by `RoundPlanner`), applied by `PagedCompactor`.
 
+    Mixed models (sliding-window and full-attention layers, e.g. Gemma 3): RandKV bounds the
+    full-attention layers; each sliding-window layer keeps Transformers' own
+    `DynamicSlidingWindowLayer` (its last W - 1 columns), exactly as without RandKV. The spec's
+    `layer` is the model's layer index, as in vLLM.
+
     Args:
-        model_or_config: the model (or its config); must be a full-attention decoder.
+        model_or_config: the model (or its config); a decoder whose layers are full attention,
+            or full attention mixed with sliding-window attention.
         randkv: the RandKV settings (a RandKVConfig, a dict, or True for defaults).
         request_keys: one key per batch row: an unsigned 64-bit int, or a str (hashed by
             `randkv.request_key_from_text`).
@@ -230,7 +236,10 @@ class RandKVCache(Cache):
         self.server_config = randkv_config
         # The rows' own config (`RandKVConfig.for_request`), once their prompts are known.
         self.config = randkv_config.with_budget(randkv_config.budget)
-        self.num_layers = int(text.num_hidden_layers)
+        self.num_layers = int(text.num_hidden_layers)  # all of the model's layers
+        #: The model's layers RandKV bounds (full attention), in order; the others slide.
+        self.layer_ids: tuple[int, ...] = randkv_layers(config)
+        self._ordinal = {layer: j for j, layer in enumerate(self.layer_ids)}
         self.num_kv_heads = int(
             getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         )
@@ -240,8 +249,36 @@ class RandKVCache(Cache):
         self.observing = False  # attention hooks are installed (randkv.hf.attention_hooks)
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
-        super().__init__(layers=[_RandKVLayer(self, i) for i in range(self.num_layers)])
+        window = getattr(text, "sliding_window", None)
+        super().__init__(
+            layers=[
+                _RandKVLayer(self, i) if i in self._ordinal else DynamicSlidingWindowLayer(window)
+                for i in range(self.num_layers)
+            ]
+        )
         self._reset_state()
+
+    @property
+    def _randkv_layers(self) -> list[_RandKVLayer]:
+        """The full-attention layers' buffers, in `layer_ids` order."""
+        return [self.layers[i] for i in self.layer_ids]
+
+    @property
+    def sliding_window(self) -> int | None:
+        """W of the sliding-window layers (None: every layer is full attention)."""
+        sliding = [layer for layer in self.layers if getattr(layer, "is_sliding", False)]
+        return sliding[0].sliding_window if sliding else None
+
+    def _ordinal_of(self, layer: int) -> int:
+        """Index of a full-attention model layer among `layer_ids`."""
+        if layer in self._ordinal:
+            return self._ordinal[layer]
+        if 0 <= layer < self.num_layers:
+            raise ValueError(
+                f"layer {layer} is a sliding-window layer: Transformers' own cache keeps its "
+                f"last {self.sliding_window} tokens, RandKV evicts on layers {list(self.layer_ids)}"
+            )
+        raise ValueError(f"layer {layer} out of range: the model has {self.num_layers} layers")
 
     def _resolve_budget(self) -> None:
         """Set `config` to the rows' own (long prompts under min_generated raise K); every
@@ -255,14 +292,14 @@ class RandKVCache(Cache):
             )
         if not budgets or budgets == {self.config.budget}:
             return
-        if any(layer.is_initialized for layer in self.layers):
+        if any(layer.is_initialized for layer in self._randkv_layers):
             raise ValueError("RandKVCache: a row's budget changed after its buffers were made")
         self.config = self.server_config.with_budget(budgets.pop())
         if self._positions is not None:
             self._positions = self._new_positions()
 
     def _new_positions(self) -> torch.Tensor:
-        shape = (self.batch_rows, self.num_layers, self.num_kv_heads)
+        shape = (self.batch_rows, len(self.layer_ids), self.num_kv_heads)
         return torch.full((*shape, self.config.max_physical_length), -1, dtype=torch.int64)
 
     @property
@@ -311,6 +348,8 @@ class RandKVCache(Cache):
         self._query_slots: torch.Tensor | None = None
         self._statistic: torch.Tensor | None = None  # the selector's, when it reads attention
         self._groups: list[tuple[list[int], torch.device]] | None = None
+        # Which input columns of each row were real tokens (the sliding layers keep columns).
+        self._column_real = torch.zeros(len(self.request_keys), 0, dtype=torch.bool)
         self._positions = self._new_positions() if self.track_positions else None
         self._resolve_budget()
         self.eviction_seconds = 0.0  # planning + compaction + position tracking
@@ -352,8 +391,9 @@ class RandKVCache(Cache):
         """Absolute position held by each slot of one (row, layer, KV head), in slot order."""
         if self._positions is None:
             raise RuntimeError("slot positions are not tracked (track_positions=False)")
+        ordinal = self._ordinal_of(layer)
         self.flush()
-        return tuple(self._positions[row, layer, kv_head, : self._length[row]].tolist())
+        return tuple(self._positions[row, ordinal, kv_head, : self._length[row]].tolist())
 
     def retained_positions(self, row: int, layer: int, kv_head: int) -> tuple[int, ...]:
         """Sorted absolute positions one (row, layer, KV head) retains."""
@@ -362,8 +402,15 @@ class RandKVCache(Cache):
     @property
     def positions(self) -> torch.Tensor | None:
         """The slot -> absolute position map, (rows, layers, kv_heads, K + 2r) int64, -1 for
-        empty slots (None when not tracked). Not flushed: a due round is still pending here."""
+        empty slots (None when not tracked); its layers are `layer_ids`. Not flushed: a due
+        round is still pending here."""
         return self._positions
+
+    @property
+    def column_mask(self) -> torch.Tensor:
+        """(rows, input columns so far) bool: which columns were real tokens of each row (the
+        sliding-window layers keep columns, pad columns included)."""
+        return self._column_real
 
     @property
     def last_query_slots(self) -> torch.Tensor | None:
@@ -372,7 +419,9 @@ class RandKVCache(Cache):
         return self._query_slots
 
     def kv(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of one row's cached keys and values, (kv_heads, length, head_dim), slot order."""
+        """Views of one row's cached keys and values, (kv_heads, length, head_dim), slot order
+        (full-attention layers only)."""
+        self._ordinal_of(layer)
         self.flush()
         layer_cache = self.layers[layer]
         if not layer_cache.is_initialized:
@@ -445,6 +494,7 @@ class RandKVCache(Cache):
         if self._positions is not None and rows.numel():
             self._positions[rows, :, :, slots] = positions[:, None, None]
         start = self._length[0] if level else None
+        self._column_real = torch.cat([self._column_real, real], 1)
         for b, count in enumerate(counts):
             self._length[b] += count
             self._seen[b] += count
@@ -501,6 +551,11 @@ class RandKVCache(Cache):
                 f"this step expects ({self.batch_rows}, heads, {step.query_length}, head_dim)"
             )
         layer = self.layers[layer_idx]
+        if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
+            step.next_layer += 1
+            if step.next_layer == self.num_layers:
+                self._step = None
+            return layer.update(key_states, value_states)
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
             self._groups = None
@@ -527,10 +582,11 @@ class RandKVCache(Cache):
             return
         if self._step is not None:
             raise RuntimeError("RandKVCache: cannot apply a round in the middle of a forward")
-        if not all(layer.is_initialized for layer in self.layers):
+        layers = self._randkv_layers
+        if not all(layer.is_initialized for layer in layers):
             raise RuntimeError("RandKVCache: a round is due but some layers hold no keys")
         start = time.perf_counter()
-        device = self.layers[0].keys.device
+        device = layers[0].keys.device
         view = self._round_view(due, device)
         plan = RoundPlan.of(self.config, self.selector.select(view).to(device))
         _synchronize(device)
@@ -541,8 +597,8 @@ class RandKVCache(Cache):
                 sources=plan.sources.to(group_device),
             )
             tables = view.rows.to(group_device)[:, None]
-            self._compactor.apply(sub, [self.layers[i].keys for i in layer_ids], tables)
-            self._compactor.apply(sub, [self.layers[i].values for i in layer_ids], tables)
+            self._compactor.apply(sub, [layers[j].keys for j in layer_ids], tables)
+            self._compactor.apply(sub, [layers[j].values for j in layer_ids], tables)
         _synchronize(device)
         compacted = time.perf_counter()
         self._move_slot_state(view, plan)
@@ -563,7 +619,7 @@ class RandKVCache(Cache):
             round_indices=latest_round_index(self.config, seen),
             prompt_lengths=torch.tensor([self._prompts[b] for b in due], dtype=torch.int64),
             request_keys=self._key_tensor[rows],
-            layers=tuple(range(self.num_layers)),
+            layers=self.layer_ids,
             kv_heads=tuple(range(self.num_kv_heads)),
             device=device,
             positions=None if self._positions is None else self._positions[rows],
@@ -574,7 +630,8 @@ class RandKVCache(Cache):
     def _round_keys(self, rows: torch.Tensor) -> torch.Tensor:
         """(n, layers, kv_heads, K + 2r, head_dim) float32 copies of the due rows' keys."""
         return torch.stack(
-            [layer.keys[rows.to(layer.keys.device)].float().cpu() for layer in self.layers], 1
+            [layer.keys[rows.to(layer.keys.device)].float().cpu() for layer in self._randkv_layers],
+            1,
         )
 
     def _move_slot_state(self, view: RoundView, plan: RoundPlan) -> None:
@@ -589,22 +646,26 @@ class RandKVCache(Cache):
 
     def observe_attention(self, layer: int, weights: torch.Tensor) -> None:
         """Fold one layer's attention weights of the current forward, (rows, query heads,
-        queries, slots), into the selector's per-slot statistic (`attention_hooks` calls it)."""
+        queries, slots), into the selector's per-slot statistic (`attention_hooks` calls it).
+        Sliding-window layers' weights are not RandKV's: ignored."""
+        if layer not in self._ordinal:
+            return
         if self._query_slots is None:
             raise RuntimeError(f"{self.selector.name} does not read attention, or no step ran")
         if self._statistic is None:
-            shape = (self.batch_rows, self.num_layers, self.num_kv_heads)
+            shape = (self.batch_rows, len(self.layer_ids), self.num_kv_heads)
             self._statistic = torch.zeros(*shape, self.config.max_physical_length)
         step = AttentionStep(
             self.config, layer, weights.float().cpu(), self._query_slots, self.num_kv_heads
         )
-        self.selector.observe(step, self._statistic[:, layer])
+        self.selector.observe(step, self._statistic[:, self._ordinal[layer]])
 
     def _layer_groups(self) -> list[tuple[list[int], torch.device]]:
-        """Layers whose buffers share device, shape and strides (one compactor call each)."""
+        """Full-attention layers (indices into `layer_ids`) whose buffers share device, shape
+        and strides (one compactor call each)."""
         if self._groups is None:
             groups: dict[tuple[Any, ...], list[int]] = {}
-            for i, layer in enumerate(self.layers):
+            for i, layer in enumerate(self._randkv_layers):
                 key = (layer.keys.device, tuple(layer.keys.shape), layer.keys.stride())
                 groups.setdefault(key, []).append(i)
             self._groups = [(ids, key[0]) for key, ids in groups.items()]
@@ -623,12 +684,17 @@ class RandKVCache(Cache):
         return self._columns
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
-        """Slot of the next query: the physical length once a due round is applied."""
+        """Slot of the next query: the physical length once a due round is applied (a
+        sliding-window layer: its columns so far)."""
+        if layer_idx not in self._ordinal:  # its columns written so far
+            return self.layers[layer_idx].get_seq_length()
         return self._uniform_length()
 
     def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0) -> tuple[int, int]:
         """(kv_length, kv_offset) of the standard mask; `query` is the query length, or (older
         5.x releases) the tensor of query cache positions."""
+        if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
+            return self.layers[layer_idx].get_mask_sizes(query)
         query_length = query if isinstance(query, int) else int(query.shape[-1])
         return self._uniform_length() + query_length, 0
 

@@ -22,6 +22,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.masking_utils import create_sliding_window_causal_mask
 
 from randkv import spec
 from randkv.hf.cache import RandKVCache, prompt_rows
@@ -104,7 +105,10 @@ class _Session:
             kwargs["logits_to_keep"] = 1
         if isinstance(self.cache, RandKVCache):
             allowed, positions = self.cache.begin_step(real)
-            kwargs["attention_mask"] = attention_mask_for(self.model, allowed.to(self.device))
+            mask = attention_mask_for(self.model, allowed.to(self.device))
+            if self.cache.sliding_window is not None:  # a mask per layer type
+                mask = {"full_attention": mask, "sliding_attention": self._sliding_mask(ids)}
+            kwargs["attention_mask"] = mask
             kwargs["position_ids"] = positions.to(self.device)
         else:  # dense batch-1 reference: plain causal attention
             q = ids.shape[1]
@@ -114,6 +118,16 @@ class _Session:
         self.columns += ids.shape[1]
         out = self.model(input_ids=ids, **kwargs)
         return out.logits[:, -1].to(torch.float32)
+
+    def _sliding_mask(self, ids: torch.Tensor) -> Any:
+        """The sliding-window layers' mask, as Transformers builds it for its own window
+        cache: over input columns (pad columns included, masked), after `begin_step`."""
+        assert isinstance(self.cache, RandKVCache)
+        text = self.model.config.get_text_config(decoder=True)
+        shape_only = torch.empty(*ids.shape, 1, dtype=self.model.dtype, device=self.device)
+        columns = self.cache.column_mask.to(self.device)
+        # Positional: the cache argument's name changed within 5.x (past_key_values, cache).
+        return create_sliding_window_causal_mask(text, shape_only, columns, self.cache)
 
 
 def _resolve_generation_config(

@@ -1,19 +1,26 @@
-"""Which Transformers models RandKV can serve: full-attention decoders with position-free caches.
+"""Which Transformers models RandKV can serve: decoders with full-attention layers and
+position-free caches, alone or mixed with sliding-window layers.
 
 RandKV keeps each KV head's retained tokens in arbitrary slot order. That is exact only when
-every layer attends to the whole retained set (full attention) and no bias depends on the
+a layer attends to the whole retained set (full attention) and no bias depends on the
 distance between query and key once keys are cached (RoPE is applied before caching; ALiBi
-and relative-position biases are not). Anything else is refused up front.
+and relative-position biases are not). In a mixed model (Gemma 3, gpt-oss: `layer_types`
+names each layer) RandKV bounds the full-attention layers and leaves the sliding-window ones
+to Transformers' own window cache, which already bounds them. Anything else is refused up
+front: a model whose every layer slides (nothing for RandKV to bound), chunked attention,
+ALiBi, recurrent or hybrid state-space layers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["UnsupportedModelError", "check_supported", "unsupported_reason"]
+__all__ = ["UnsupportedModelError", "check_supported", "randkv_layers", "unsupported_reason"]
 
-# Layer types of Transformers' `config.layer_types` that are plain (global, causal) attention.
+# Layer types of Transformers' `config.layer_types`: plain (global, causal) attention, which
+# RandKV bounds, and sliding-window attention, which Transformers' window cache bounds.
 _FULL_ATTENTION = "full_attention"
+_SLIDING_ATTENTION = "sliding_attention"
 # Model families whose attention adds ALiBi biases (no `layer_types` marks them).
 _ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "jais", "baichuan_13b"})
 # Recurrent, state-space or otherwise cache-less families: no per-token KV to evict.
@@ -76,16 +83,22 @@ def unsupported_reason(config: Any) -> str | None:
     layer_types = _get(text, "layer_types", None)
     if layer_types:
         for index, layer_type in enumerate(layer_types):
-            if layer_type != _FULL_ATTENTION:
+            if layer_type not in (_FULL_ATTENTION, _SLIDING_ATTENTION):
                 detail = ""
-                if layer_type in ("sliding_attention", "hybrid_sliding"):
+                if layer_type == "hybrid_sliding":
                     detail = f" (sliding_window={_get(text, 'sliding_window', None)})"
                 elif layer_type == "chunked_attention":
                     detail = f" (attention_chunk_size={_get(text, 'attention_chunk_size', None)})"
                 return (
                     f"layer {index} of this {name} model is {layer_type!r}{detail}; "
-                    "RandKV supports 'full_attention' layers only"
+                    "RandKV supports 'full_attention' layers, beside 'sliding_attention' ones"
                 )
+        if _FULL_ATTENTION not in layer_types:
+            return (
+                f"every layer of this {name} model is 'sliding_attention' (sliding_window="
+                f"{_get(text, 'sliding_window', None)}): its KV is already bounded by the window "
+                "and RandKV has no full-attention layer to bound"
+            )
     for attr in _HYBRID_PATTERN_ATTRS:
         if _get(text, attr, None) is not None:
             return (
@@ -93,10 +106,12 @@ def unsupported_reason(config: Any) -> str | None:
                 "RandKV supports 'full_attention' layers only"
             )
     sliding_window = _get(text, "sliding_window", None)
-    if sliding_window is not None and _get(text, "use_sliding_window", True) is not False:
+    windowed = sliding_window is not None and _get(text, "use_sliding_window", True) is not False
+    if windowed and not layer_types:  # every layer slides (no layer_types says otherwise)
         return (
-            f"this {name} model uses 'sliding_attention' (sliding_window={sliding_window}); "
-            "RandKV supports 'full_attention' layers only"
+            f"every layer of this {name} model uses 'sliding_attention' (sliding_window="
+            f"{sliding_window}): its KV is already bounded by the window and RandKV has no "
+            "full-attention layer to bound"
         )
     chunk = _get(text, "attention_chunk_size", None)
     if chunk is not None:
@@ -107,6 +122,16 @@ def unsupported_reason(config: Any) -> str | None:
     if _get(text, "num_hidden_layers", None) is None:
         return f"{name} config has no num_hidden_layers; cannot size the cache"
     return None
+
+
+def randkv_layers(config: Any) -> tuple[int, ...]:
+    """The model layers RandKV bounds (its full-attention layers), for a supported config."""
+    text = _text_config(config)
+    layer_types = _get(text, "layer_types", None)
+    count = int(_get(text, "num_hidden_layers"))
+    if not layer_types:
+        return tuple(range(count))
+    return tuple(i for i, kind in enumerate(layer_types) if kind == _FULL_ATTENTION)
 
 
 def check_supported(config: Any) -> None:

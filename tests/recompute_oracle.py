@@ -1,0 +1,66 @@
+"""Test-only oracle: recompute a RandKV decode from scratch, without any cache.
+
+One full-sequence forward where the query at position t sees, on a full-attention layer l and
+KV head h, exactly the positions the spec says that head holds when t is decoded (retained
+after t tokens, plus t itself), and on a sliding-window layer the positions (t - W, t], as
+Transformers' window does. Nothing of `randkv.hf` runs here: only `randkv.spec` and the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface, AutoModelForCausalLM
+
+from randkv import RandKVConfig, spec
+
+ORACLE_NAME = "randkv_test_oracle"
+_MASKS: dict[int, torch.Tensor] = {}  # layer -> (kv_heads, n, n) bool
+
+
+def _oracle_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Plain softmax attention with a per-(layer, KV head) mask over the whole sequence."""
+    groups = query.shape[1] // key.shape[1]
+    allowed = _MASKS[module.layer_idx].repeat_interleave(groups, 0)[None]
+    scores = query @ key.repeat_interleave(groups, 1).transpose(-1, -2) * scaling
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    out = probs @ value.repeat_interleave(groups, 1)
+    return out.transpose(1, 2).contiguous(), probs
+
+
+def recompute_logprobs(
+    ckpt: str | Path, config: RandKVConfig, prompt: Sequence[int], new: Sequence[int], key: int
+) -> torch.Tensor:
+    """(len(new), vocab) float32 log-probabilities before each new token, recomputed."""
+    AttentionInterface.register(ORACLE_NAME, _oracle_attention)
+    oracle = AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation=ORACLE_NAME
+    )
+    text = oracle.config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    sequence = [*prompt, *new]
+    n = len(sequence)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for layer, kind in enumerate(layer_types):
+        if kind == "sliding_attention":
+            window = causal & ~torch.ones(n, n, dtype=torch.bool).tril(-text.sliding_window)
+            _MASKS[layer] = window[None].expand(text.num_key_value_heads, n, n)
+            continue
+        mask = torch.zeros(text.num_key_value_heads, n, n, dtype=torch.bool)
+        for head in range(text.num_key_value_heads):
+            for t in range(n):
+                held = spec.retained_positions(
+                    config,
+                    prompt_length=len(prompt),
+                    tokens_seen=t,
+                    request_key=key,
+                    layer=layer,
+                    kv_head=head,
+                )
+                mask[head, t, [*held, t]] = True
+        _MASKS[layer] = mask
+    with torch.inference_mode():
+        logits = oracle(torch.tensor([sequence]), use_cache=False).logits[0]
+    return torch.log_softmax(logits[len(prompt) - 1 : n - 1].float(), dim=-1)
