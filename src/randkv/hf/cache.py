@@ -250,6 +250,8 @@ class RandKVCache(Cache):
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
         window = getattr(text, "sliding_window", None)
+        #: W of the sliding-window layers (None: every layer is full attention).
+        self.sliding_window: int | None = None if len(self.layer_ids) == self.num_layers else window
         super().__init__(
             layers=[
                 _RandKVLayer(self, i) if i in self._ordinal else DynamicSlidingWindowLayer(window)
@@ -262,12 +264,6 @@ class RandKVCache(Cache):
     def _randkv_layers(self) -> list[_RandKVLayer]:
         """The full-attention layers' buffers, in `layer_ids` order."""
         return [self.layers[i] for i in self.layer_ids]
-
-    @property
-    def sliding_window(self) -> int | None:
-        """W of the sliding-window layers (None: every layer is full attention)."""
-        sliding = [layer for layer in self.layers if getattr(layer, "is_sliding", False)]
-        return sliding[0].sliding_window if sliding else None
 
     def _ordinal_of(self, layer: int) -> int:
         """Index of a full-attention model layer among `layer_ids`."""
@@ -409,7 +405,8 @@ class RandKVCache(Cache):
     @property
     def column_mask(self) -> torch.Tensor:
         """(rows, input columns so far) bool: which columns were real tokens of each row (the
-        sliding-window layers keep columns, pad columns included)."""
+        sliding-window layers keep columns, pad columns included); recorded for mixed models
+        only."""
         return self._column_real
 
     @property
@@ -494,7 +491,8 @@ class RandKVCache(Cache):
         if self._positions is not None and rows.numel():
             self._positions[rows, :, :, slots] = positions[:, None, None]
         start = self._length[0] if level else None
-        self._column_real = torch.cat([self._column_real, real], 1)
+        if self.sliding_window is not None:  # only their masks read it
+            self._column_real = torch.cat([self._column_real, real], 1)
         for b, count in enumerate(counts):
             self._length[b] += count
             self._seen[b] += count
