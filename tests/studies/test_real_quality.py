@@ -140,7 +140,7 @@ def test_short_real_evaluation_writes_the_report(smol, tmp_path):
     config = RealEvalConfig(
         budgets=(48,), buffer=8, seeds=(0, 1), documents=2, document_tokens=256,
         document_prompt=16, generations=2, new_tokens=64,
-        evictors=("dense", "randkv", "window", "h2o"),
+        evictors=("dense", "randkv", "window", "h2o"), threads=1,
     )  # fmt: skip
     runs = tmp_path / "runs"
     result = evaluate_real(config, out_dir=tmp_path, runs_dir=runs, show_progress=False)

@@ -21,6 +21,9 @@ EVICTORS = ("dense", "randkv")
 #: Float32 on another CPU or thread count reorders sums; the numbers compared are means of
 #: NLLs near 3 nats over about 1,700 tokens.
 TOLERANCE = 2e-3
+#: The committed run used 2 threads; one keeps this test off the core CI's other lane runs on
+#: (two threads beside a busy core ran ten times slower), and TOLERANCE covers the reordering.
+THREADS = 1
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def rerun(committed, tmp_path_factory) -> dict:
     config = RealEvalConfig(
         budgets=(BUDGET,), buffer=full["buffer"], seeds=tuple(full["seeds"]), documents=1,
         document_tokens=full["document_tokens"], document_prompt=full["document_prompt"],
-        evictors=EVICTORS, parts=("text",), threads=full["threads"],
+        evictors=EVICTORS, parts=("text",), threads=THREADS,
     )  # fmt: skip
     out = tmp_path_factory.mktemp("real")
     return evaluate_real(config, out_dir=out, keep_runs=False, show_progress=False)
