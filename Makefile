@@ -26,6 +26,12 @@ V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm
 	tests/test_vllm_async.py \
 	tests/test_vllm_v2_runner.py \
 	tests/test_randkv_check.py::test_the_vllm_lines_pass_with_the_installed_vllm
+# PART=1 or PART=2 runs one half of test-vllm / test-v2 (CI's two lanes share them, .ci/run);
+# no PART runs the whole leg. Halves are whole modules: engines are shared within a module.
+VLLM_PART_1 := tests/test_vllm_parallel.py tests/test_stock_server.py tests/test_serve.py \
+	tests/test_vllm_gemma3.py tests/test_serve_long_prompts.py
+V2_PART_1 := tests/test_vllm_engine.py
+part = $(if $(filter 1,$(PART)),$(filter $(2),$(1)),$(if $(filter 2,$(PART)),$(filter-out $(2),$(1)),$(1)))
 
 .PHONY: setup demo test test-vllm test-v2 drift bench study lint format clean
 
@@ -63,10 +69,10 @@ test: setup
 	$(PYTEST)
 
 test-vllm: setup
-	$(PYTEST) $(VLLM_TESTS)
+	$(PYTEST) $(call part,$(VLLM_TESTS),$(VLLM_PART_1))
 
 test-v2: setup
-	RANDKV_TEST_RUNNER=v2 $(PYTEST) $(V2_TESTS)
+	RANDKV_TEST_RUNNER=v2 $(PYTEST) $(call part,$(V2_TESTS),$(V2_PART_1))
 
 # The drift check alone: every supported release, GPU-only ones from their wheels (--no-deps).
 drift: setup
