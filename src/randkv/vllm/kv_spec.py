@@ -1,5 +1,6 @@
 """The KV cache spec RandKV's workers report (full attention bounded by K + 2r tokens), and
-the scheduler's check that an engine's KV cache is one such group."""
+which KV cache group RandKV bounds (the full-attention one; a mixed model's sliding-window
+groups stay vLLM's)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 from randkv.vllm.options import config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
@@ -37,21 +38,62 @@ def bounded_spec(spec: FullAttentionSpec) -> RandKVFullAttentionSpec:
     )
 
 
-def check_kv_cache_groups(kv_cache_config: Any) -> None:
-    """Exactly one full-attention KV cache group, no windows, sinks or latent caches."""
+@dataclasses.dataclass(frozen=True)
+class KVGroupLayout:
+    """Which of an engine's KV cache groups RandKV bounds.
+
+    `randkv` is the one full-attention group (its blocks follow RandKV's rounds); `windows`
+    are the sliding-window groups of a mixed model (Gemma 3, gpt-oss), which vLLM's own
+    managers bound and RandKV leaves exactly as vLLM runs them. A dense model has one group
+    and no windows."""
+
+    randkv: int
+    windows: tuple[int, ...] = ()
+
+
+def is_randkv_spec(spec: Any) -> bool:
+    """Full attention without a window or chunks: the layers RandKV evicts from."""
+    return (
+        type(spec) in (FullAttentionSpec, RandKVFullAttentionSpec)
+        and not getattr(spec, "sliding_window", None)
+        and not getattr(spec, "attention_chunk_size", None)
+    )
+
+
+def is_window_spec(spec: Any) -> bool:
+    """vLLM's sliding-window attention (its own manager frees what leaves the window)."""
+    return type(spec) is SlidingWindowSpec
+
+
+def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
+    """One full-attention KV cache group, and only sliding-window groups beside it."""
     groups = kv_cache_config.kv_cache_groups
     names = [type(group.kv_cache_spec).__name__ for group in groups]
-    if len(groups) != 1:
+    full = [i for i, group in enumerate(groups) if is_randkv_spec(group.kv_cache_spec)]
+    windows = [i for i, group in enumerate(groups) if is_window_spec(group.kv_cache_spec)]
+    others = sorted(set(range(len(groups))) - set(full) - set(windows))
+    if any(getattr(groups[i].kv_cache_spec, "sliding_window", None) for i in others):
         raise UnsupportedModeError(
-            f"RandKV needs one full-attention KV cache group; this model has {names} "
-            "(hybrid or mixed attention)"
+            "vLLM runs this model's sliding-window layers in full-attention KV cache groups "
+            f"({names}: its hybrid KV cache manager is off); RandKV needs the window layers in "
+            "their own groups: do not pass disable_hybrid_kv_cache_manager"
         )
-    spec = groups[0].kv_cache_spec
-    if (
-        type(spec) not in (FullAttentionSpec, RandKVFullAttentionSpec)
-        or getattr(spec, "sliding_window", None)
-        or getattr(spec, "attention_chunk_size", None)
-    ):
+    if others:
         raise UnsupportedModeError(
-            f"RandKV supports full attention only; this model's KV cache is {names[0]}"
+            f"RandKV supports full attention, with sliding-window attention beside it; this "
+            f"model's KV cache groups are {names} ({names[others[0]]}: chunked-local, "
+            "state-space, cross-attention or latent caches are not supported)"
         )
+    if not full:
+        raise UnsupportedModeError(
+            f"every attention layer of this model slides ({names}): vLLM already bounds its "
+            "KV cache, and RandKV has no full-attention layer to evict from; serve it without "
+            "RandKV"
+        )
+    if len(full) > 1:
+        raise UnsupportedModeError(
+            f"vLLM split this model's full-attention layers into {len(full)} KV cache groups "
+            f"({names}); RandKV supports one full-attention group (a model with at most as "
+            "many full-attention layers as sliding-window ones per group)"
+        )
+    return KVGroupLayout(randkv=full[0], windows=tuple(windows))

@@ -88,7 +88,6 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     Refusal("ALiBi (its bias depends on slot distance)", _model("uses_alibi")),
     Refusal("encoder-decoder models (cross attention)", _model("is_encoder_decoder")),
-    Refusal("sliding-window attention", lambda c: c.model_config.get_sliding_window() is not None),
     Refusal("M-RoPE multimodal positions", _model("uses_mrope")),
     # vLLM runs the data-parallel ranks of a dense model as independent engines (each sees
     # data_parallel_size == 1 here), which RandKV supports like separate replicas; MoE ranks

@@ -30,6 +30,7 @@ from randkv.kernels.planner import RoundPlanner
 from randkv.kernels.slotmap import SlotPositionMap
 from randkv.spec.cadence import physical_lengths
 from randkv.spec.config import RandKVConfig
+from randkv.vllm.kv_spec import kv_group_layout
 from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.parallel import kv_head_shard
@@ -79,9 +80,10 @@ class RandKVRunnerMixin:
         raise NotImplementedError
 
     def randkv_attention_backend_name(self) -> str:
-        """The name of vLLM's attention backend for the (one) KV cache group."""
+        """The name of vLLM's attention backend for the full-attention KV cache group."""
         groups = self.attn_groups
-        return groups[0][0].backend.__name__ if groups and groups[0] else "unknown"
+        group = kv_group_layout(self.kv_cache_config).randkv
+        return groups[group][0].backend.__name__ if len(groups) > group else "unknown"
 
     # ------------------------------------------------------------------ start-up
 
@@ -95,6 +97,8 @@ class RandKVRunnerMixin:
         from randkv.kernels.hostsync import set_pin_memory
 
         refuse_shared_kv_layers(self.randkv_shared_kv_layers())
+        # The KV cache group RandKV bounds (a mixed model's window groups stay vLLM's).
+        self.randkv_groups = kv_group_layout(self.kv_cache_config)
         set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         # Draws are keyed by global layer and global KV head, so each TP rank (and each
         # pipeline stage) plans a slice of the single-device plan.

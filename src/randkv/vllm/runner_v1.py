@@ -20,33 +20,48 @@ from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import RandKVRunnerMixin
+from randkv.vllm.window_lengths import WindowLengths, give_absolute_lengths
 
 
 class V1RunnerMixin(RandKVRunnerMixin):
     def randkv_shared_kv_layers(self) -> dict[str, str]:
         return dict(getattr(self, "shared_kv_cache_layers", {}))
 
+    def randkv_setup(self, config: Any, layout: Any) -> None:
+        super().randkv_setup(config, layout)
+        # A mixed model's window layers read absolute lengths (their own attention inputs).
+        self.randkv_window_lengths = WindowLengths()
+        for group in self.randkv_groups.windows:
+            for attn_group in self.attn_groups[group]:
+                for builder in attn_group.metadata_builders:
+                    give_absolute_lengths(builder, self.randkv_window_lengths)
+
     def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
-        table = self.input_batch.block_table[0]
+        group = self.randkv_groups.randkv
+        table = self.input_batch.block_table[group]
         for req_id, directive in directives.items():
             # The worker's own list of the request's blocks, which new blocks extend.
-            del self.requests[req_id].block_ids[0][directive.keep_blocks :]
+            del self.requests[req_id].block_ids[group][directive.keep_blocks :]
             index = self.input_batch.req_id_to_index.get(req_id)
             if index is not None:
                 table.num_blocks_per_row[index] = directive.keep_blocks
 
     def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
-        # vLLM binds `kv_caches` sorted by layer index (`vllm.v1.worker.utils.bind_kv_cache`).
-        layers = kv_cache_layer_indices(self.kv_cache_config.kv_cache_groups[0].layer_names)
-        if len(layers) != len(self.kv_caches):
+        # vLLM binds `kv_caches` sorted by layer index (`vllm.v1.worker.utils.bind_kv_cache`),
+        # every group's layers together; RandKV's are the full-attention group's.
+        groups = self.kv_cache_config.kv_cache_groups
+        every = kv_cache_layer_indices(name for group in groups for name in group.layer_names)
+        if len(every) != len(self.kv_caches):
             raise UnsupportedModeError(
-                f"RandKV found {len(layers)} KV cache layer names for {len(self.kv_caches)} "
+                f"RandKV found {len(every)} KV cache layer names for {len(self.kv_caches)} "
                 "KV caches"
             )
-        return layers, list(self.kv_caches)
+        layers = kv_cache_layer_indices(groups[self.randkv_groups.randkv].layer_names)
+        return layers, [self.kv_caches[every.index(layer)] for layer in layers]
 
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        self.randkv_window_lengths.clear()
         self.randkv_physical_inputs(scheduler_output)
         return result
 
@@ -61,6 +76,8 @@ class V1RunnerMixin(RandKVRunnerMixin):
         budget_host = self.randkv_row_budgets(self.input_batch.req_ids[:num_reqs])
         if not rounds_completed(self.randkv, seen_host, budget_host).any():
             return
+        if self.randkv_groups.windows:  # before the shift: the window layers' lengths
+            self.randkv_window_lengths.keep(self.seq_lens, self.optimistic_seq_lens_cpu, num_reqs)
         seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
         budget = None
         if budget_host is not None:  # requests with their own K: one small host copy
@@ -69,9 +86,11 @@ class V1RunnerMixin(RandKVRunnerMixin):
         total = scheduler_output.total_num_scheduled_tokens
         per_token = shift[self.req_indices.gpu[:total].to(torch.int64)]
         positions = self.positions[:total] - per_token
-        self.input_batch.block_table.compute_slot_mapping(
-            num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions
-        )
+        # Only the full-attention group's slots move; window groups keep vLLM's own.
+        table = self.input_batch.block_table
+        if self.randkv_groups.windows:
+            table = table[self.randkv_groups.randkv]
+        table.compute_slot_mapping(num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions)
         self.seq_lens[:num_reqs] -= shift.to(self.seq_lens.dtype)
         # vLLM's host copy of the lengths (max_seq_len, sampling masks), shifted alike.
         shift_host = seen_host - physical_lengths(self.randkv, seen_host, budget_host)

@@ -33,8 +33,10 @@ import torch
 
 from randkv.kernels.hostsync import host_to_device
 from randkv.spec.cadence import physical_lengths, rounds_completed
+from randkv.vllm.kv_spec import kv_group_layout
 from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
+from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import RandKVRunnerMixin
 
 
@@ -67,6 +69,13 @@ class V2RunnerMixin(RandKVRunnerMixin):
         return ordered, [context[by_index[i]].kv_cache for i in ordered]
 
     def randkv_setup(self, config: Any, layout: Any) -> None:
+        if kv_group_layout(self.kv_cache_config).windows:
+            # V2 builds each group's attention inputs itself (prepare_attn); the window
+            # groups' absolute lengths there are not wired yet.
+            raise UnsupportedModeError(
+                "RandKV on a model with sliding-window layers runs on vLLM's V1 model "
+                "runner only for now; unset VLLM_USE_V2_MODEL_RUNNER"
+            )
         super().randkv_setup(config, layout)
         max_reqs = self.req_states.num_computed_tokens.gpu.shape[0]
         device = self.randkv_caches[0].device

@@ -22,7 +22,7 @@ from randkv.spec import num_rounds, physical_length
 from randkv.spec.config import PromptTooLongError, RandKVConfig
 from randkv.vllm.class_swap import swap_class
 from randkv.vllm.engine_args import check_engine_supported
-from randkv.vllm.kv_spec import check_kv_cache_groups
+from randkv.vllm.kv_spec import KVGroupLayout, kv_group_layout
 from randkv.vllm.messages import (
     RandKVSchedulerOutput,
     RandKVStepPlan,
@@ -57,13 +57,21 @@ class RandKVCacheManager(KVCacheManager):
     """
 
     def randkv_attach(
-        self, config: RandKVConfig, rounds: dict[str, RequestRounds], metrics: RandKVRecorder
+        self,
+        config: RandKVConfig,
+        rounds: dict[str, RequestRounds],
+        metrics: RandKVRecorder,
+        layout: KVGroupLayout,
     ) -> None:
         self.randkv = config
         self.rounds = rounds
         self.metrics = metrics
+        self.layout = layout
         self.directives: dict[str, RoundDirective] = {}
-        self.block_size = self.coordinator.single_type_managers[0].block_size
+        managers = self.coordinator.single_type_managers
+        self.full_manager = managers[layout.randkv]
+        self.window_managers = [managers[g] for g in layout.windows]
+        self.block_size = self.full_manager.block_size
 
     def allocate_slots(
         self,
@@ -89,14 +97,17 @@ class RandKVCacheManager(KVCacheManager):
         end = physical + num_new_tokens
         if end > config.max_physical_length:  # the scheduler's split hook prevents this
             raise RuntimeError(f"RandKV: a step would reach physical length {end}")
-        request_blocks = self.coordinator.single_type_managers[0].req_to_blocks[request.request_id]
-        prefix_hits = list(new_computed_blocks.blocks[0]) if new_computed_blocks else []
+        request_blocks = self.full_manager.req_to_blocks[request.request_id]
+        hits = new_computed_blocks.blocks if new_computed_blocks else None
+        prefix_hits = list(hits[self.layout.randkv]) if hits else []
         held = len(request_blocks) + len(prefix_hits)
         needed = cdiv(end, block_size)
         round_due = rounds > state.rounds_applied
         # Only a round frees blocks: the tail past the compacted length plus this chunk.
         keep = min(held, needed) if round_due else held
-        to_allocate = max(0, needed - keep)
+        to_allocate = max(0, needed - keep) + self._window_blocks_to_allocate(
+            request, computed, computed + num_new_tokens, hits
+        )
         watermark = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
@@ -104,22 +115,26 @@ class RandKVCacheManager(KVCacheManager):
         ):
             watermark = self.watermark_blocks
         # Prefix hits on cached blocks nobody holds leave the free queue when touched.
-        idle_hits = sum(1 for block in prefix_hits if block.ref_cnt == 0)
+        idle_hits = sum(1 for group in hits or () for block in group if block.ref_cnt == 0)
         free = self.block_pool.get_num_free_blocks() + (held - keep) - idle_hits - reserved_blocks
         if full_sequence_must_fit:
-            # Admission: the longest this request can get is K + 2r - 1 tokens of blocks.
+            # Admission: the longest this request can get is K + 2r - 1 tokens of blocks
+            # (and what vLLM's window managers say the window groups can hold at most).
             final = physical_length(config, prompt_length=prompt, tokens_seen=request.num_tokens)
             peak = max(final, min(request.num_tokens, config.max_physical_length))
-            if cdiv(peak, block_size) - keep + watermark > free:
+            windows = self._window_blocks_to_allocate(
+                request, computed, request.num_tokens, hits, admission=True
+            )
+            if cdiv(peak, block_size) - keep + windows + watermark > free:
                 return None
         if to_allocate + watermark > free:
             return None
-        if prefix_hits:
+        if hits is not None and any(hits):
             # Not forwarded: skip_zeroing_group_ids concerns blocks a KV connector loads
             # (refused with RandKV), and vLLM 0.28's coordinator has no such keyword.
             self.coordinator.allocate_new_computed_blocks(
                 request_id=request.request_id,
-                new_computed_blocks=new_computed_blocks.blocks,
+                new_computed_blocks=hits,
                 num_local_computed_tokens=computed,
                 num_external_computed_tokens=0,
             )
@@ -140,12 +155,63 @@ class RandKVCacheManager(KVCacheManager):
                 del request_blocks[keep:]
                 self.block_pool.free_blocks(reversed(tail))
                 self.metrics.add("blocks_freed", len(tail))
-        new_blocks = self.coordinator.allocate_new_blocks(
-            request.request_id, end, end, num_encoder_tokens
+        new_blocks = self._allocate_new_blocks(
+            request.request_id, end, computed + num_new_tokens, num_encoder_tokens
         )
         if not delay_cache_blocks:
             self.cache_blocks(request, computed + num_new_tokens)
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _window_blocks_to_allocate(
+        self,
+        request: Request,
+        computed: int,
+        tokens: int,
+        hits: Any,
+        admission: bool = False,
+    ) -> int:
+        """Blocks the sliding-window groups need for `tokens` absolute tokens, as vLLM's own
+        managers count them (after they free what left the window). 0 for a dense model."""
+        if not self.window_managers:
+            return 0
+        rid = request.request_id
+        if not admission:
+            # Tokens of steps still in flight (async scheduling) are not safe to free yet.
+            safe = max(0, computed - request.num_in_flight_tokens)
+            for manager in self.window_managers:
+                manager.remove_skipped_blocks(rid, safe, request.num_prompt_tokens)
+        tokens = min(tokens, self.max_model_len)
+        return sum(
+            manager.get_num_blocks_to_allocate(
+                rid,
+                tokens,
+                hits[group] if hits else [],
+                computed,
+                computed,
+                tokens,
+                apply_admission_cap=admission,
+            )
+            for group, manager in zip(self.layout.windows, self.window_managers, strict=True)
+        )
+
+    def _allocate_new_blocks(
+        self, request_id: str, physical_end: int, absolute_end: int, num_encoder_tokens: int
+    ) -> tuple[list[Any], ...]:
+        """New blocks per group: the full-attention group up to the physical length, vLLM's
+        sliding-window groups up to the absolute one (their blocks stay where vLLM puts
+        them)."""
+        if not self.window_managers:
+            return self.coordinator.allocate_new_blocks(
+                request_id, physical_end, physical_end, num_encoder_tokens
+            )
+        absolute_end = min(absolute_end, self.max_model_len)
+        managers = self.coordinator.single_type_managers
+        return tuple(
+            manager.allocate_new_blocks(request_id, physical_end, physical_end)
+            if group == self.layout.randkv
+            else manager.allocate_new_blocks(request_id, absolute_end, absolute_end)
+            for group, manager in enumerate(managers)
+        )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Only whole prompt blocks enter the prefix cache: compaction writes slots >= P, so
@@ -169,13 +235,13 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         if config is None:
             raise ValueError(NO_CONFIG.format(cls="RandKVScheduler"))
         check_engine_supported(self.vllm_config)
-        check_kv_cache_groups(self.kv_cache_config)
+        layout = kv_group_layout(self.kv_cache_config)
         self.randkv = config
         self.request_rounds: dict[str, RequestRounds] = {}
         self.rejected: dict[str, str] = {}
         self.metrics = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
         swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
-        self.kv_cache_manager.randkv_attach(config, self.request_rounds, self.metrics)
+        self.kv_cache_manager.randkv_attach(config, self.request_rounds, self.metrics, layout)
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary.
         self.need_mamba_block_aligned_split = True
@@ -268,9 +334,17 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         )
 
     def _randkv_publish_blocks_held(self) -> None:
-        blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-        held = sum(len(blocks.get(rid, ())) for rid in self.request_rounds)
-        self.metrics.set("kv_blocks_held", held)
+        manager = self.kv_cache_manager
+        full = manager.full_manager.req_to_blocks
+        self.metrics.set("kv_blocks_held", sum(len(full.get(r, ())) for r in self.request_rounds))
+        # A window group's list keeps vLLM's null block where a block left the window.
+        null = manager.block_pool.null_block
+        windows = sum(
+            sum(1 for block in window.req_to_blocks.get(r, ()) if block is not null)
+            for window in manager.window_managers
+            for r in self.request_rounds
+        )
+        self.metrics.set("kv_window_blocks_held", windows)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         result = super()._preempt_request(request, *args, **kwargs)

@@ -168,7 +168,6 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "uses_alibi",
         "is_encoder_decoder",
         "uses_mrope",
-        "get_sliding_window",
         "get_total_num_kv_heads",
         "get_num_layers",
         "get_num_kv_heads",

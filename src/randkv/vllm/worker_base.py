@@ -14,7 +14,7 @@ from typing import Any
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from randkv.kernels.compactor import KVLayout
-from randkv.vllm.kv_spec import bounded_spec
+from randkv.vllm.kv_spec import bounded_spec, is_window_spec
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import TRACK_POSITIONS_ENV, RequestRecord, logger
@@ -41,9 +41,13 @@ class RandKVWorkerMixin:
         specs = super().get_kv_cache_spec()
         wrapped = {}
         for name, spec in specs.items():
+            if is_window_spec(spec):
+                wrapped[name] = spec  # a mixed model's window layer: vLLM bounds it
+                continue
             if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
                 raise UnsupportedModeError(
-                    f"RandKV supports full attention only; layer {name} uses {type(spec).__name__}"
+                    f"RandKV supports full attention, with sliding-window attention beside "
+                    f"it; layer {name} uses {type(spec).__name__}"
                 )
             wrapped[name] = bounded_spec(spec)
         return wrapped
