@@ -37,7 +37,9 @@ def test_call_site_forms():
         randkv_engine_kwargs({"buffer_size": 0}, {})
 
 
-def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
+def test_a_model_whose_every_layer_slides_is_refused_at_start(tiny_model_path, tmp_path):
+    """Mixed models are served (test_vllm_gemma3.py); with no full-attention layer there is
+    nothing for RandKV to bound."""
     import shutil
 
     from randkv.vllm import LLM
@@ -49,7 +51,7 @@ def test_sliding_window_model_is_refused_at_start(tiny_model_path, tmp_path):
     config["layer_types"] = ["sliding_attention"] * config["num_hidden_layers"]
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        Exception, match="RandKV supports full attention only; layer .* uses SlidingWindowSpec"
+        Exception, match="every attention layer of this model slides.*serve it without RandKV"
     ):
         LLM(
             model=str(model),

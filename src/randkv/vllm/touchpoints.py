@@ -59,6 +59,7 @@ def either(why: str, *options: Touch, **scope: str) -> Touch:
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
 COORDINATOR = "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator"
+WINDOW_MANAGER = "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
 V1_BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
@@ -100,6 +101,11 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "req_to_blocks",
         "block_size",
     ),
+    # A mixed model's window groups, driven one manager at a time (RandKVCacheManager).
+    call(f"{WINDOW_MANAGER}.get_num_blocks_to_allocate", "apply_admission_cap", positional=6),
+    call(f"{WINDOW_MANAGER}.allocate_new_blocks", positional=3),
+    call(f"{WINDOW_MANAGER}.remove_skipped_blocks", positional=3),
+    attrs(MANAGER, "max_model_len"),
     attrs(
         "vllm.v1.core.block_pool:BlockPool",
         "get_num_free_blocks",
@@ -120,6 +126,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "status",
         "client_index",
         "get_finished_reason",
+        "num_in_flight_tokens",
     ),
     attrs("vllm.v1.request:RequestStatus", "WAITING", "PREEMPTED", "FINISHED_ERROR"),
     call(
@@ -260,6 +267,20 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         runner="v1",
     ),  # fmt: skip
     attrs("vllm.v1.worker.gpu_input_batch:CachedRequestState", "block_ids", runner="v1"),
+    # A mixed model's window groups get absolute lengths back (randkv.vllm.window_lengths).
+    attrs("vllm.v1.worker.utils:AttentionGroup", "metadata_builders", runner="v1"),
+    Touch(
+        "parameters",
+        "vllm.v1.attention.backend:AttentionMetadataBuilder.build",
+        ("common_prefix_len", "common_attn_metadata"),
+        runner="v1",
+    ),
+    Touch(
+        "fields",
+        "vllm.v1.attention.backend:CommonAttentionMetadata",
+        ("seq_lens", "max_seq_len"),
+        runner="v1",
+    ),
     # ------------------------------------------------------------------ the V2 model runner
     attrs(
         V2_RUNNER,
