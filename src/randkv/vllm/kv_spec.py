@@ -51,6 +51,12 @@ class KVGroupLayout:
     windows: tuple[int, ...] = ()
 
 
+EVERY_LAYER_SLIDES = (
+    "every attention layer of this model slides ({kinds}): vLLM already bounds its KV cache, "
+    "and RandKV has no full-attention layer to evict from; serve it without RandKV"
+)
+
+
 def is_randkv_spec(spec: Any) -> bool:
     """Full attention without a window or chunks: the layers RandKV evicts from."""
     return (
@@ -85,11 +91,7 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
             "state-space, cross-attention or latent caches are not supported)"
         )
     if not full:
-        raise UnsupportedModeError(
-            f"every attention layer of this model slides ({names}): vLLM already bounds its "
-            "KV cache, and RandKV has no full-attention layer to evict from; serve it without "
-            "RandKV"
-        )
+        raise UnsupportedModeError(EVERY_LAYER_SLIDES.format(kinds=names))
     if len(full) > 1:
         raise UnsupportedModeError(
             f"vLLM split this model's full-attention layers into {len(full)} KV cache groups "

@@ -105,7 +105,7 @@ class RandKVCacheManager(KVCacheManager):
         round_due = rounds > state.rounds_applied
         # Only a round frees blocks: the tail past the compacted length plus this chunk.
         keep = min(held, needed) if round_due else held
-        to_allocate = max(0, needed - keep) + self._window_blocks_to_allocate(
+        to_allocate = max(0, needed - keep) + self.randkv_window_blocks_to_allocate(
             request, computed, computed + num_new_tokens, hits
         )
         watermark = 0
@@ -114,15 +114,19 @@ class RandKVCacheManager(KVCacheManager):
             RequestStatus.PREEMPTED,
         ):
             watermark = self.watermark_blocks
-        # Prefix hits on cached blocks nobody holds leave the free queue when touched.
-        idle_hits = sum(1 for group in hits or () for block in group if block.ref_cnt == 0)
+        # Prefix hits on cached blocks nobody holds leave the free queue when touched (a
+        # window group's hit list has vLLM's null block where the window skips).
+        null = self.block_pool.null_block
+        idle_hits = sum(
+            1 for group in hits or () for block in group if block.ref_cnt == 0 and block is not null
+        )
         free = self.block_pool.get_num_free_blocks() + (held - keep) - idle_hits - reserved_blocks
         if full_sequence_must_fit:
             # Admission: the longest this request can get is K + 2r - 1 tokens of blocks
             # (and what vLLM's window managers say the window groups can hold at most).
             final = physical_length(config, prompt_length=prompt, tokens_seen=request.num_tokens)
             peak = max(final, min(request.num_tokens, config.max_physical_length))
-            windows = self._window_blocks_to_allocate(
+            windows = self.randkv_window_blocks_to_allocate(
                 request, computed, request.num_tokens, hits, admission=True
             )
             if cdiv(peak, block_size) - keep + windows + watermark > free:
@@ -155,14 +159,14 @@ class RandKVCacheManager(KVCacheManager):
                 del request_blocks[keep:]
                 self.block_pool.free_blocks(reversed(tail))
                 self.metrics.add("blocks_freed", len(tail))
-        new_blocks = self._allocate_new_blocks(
+        new_blocks = self.randkv_allocate_new_blocks(
             request.request_id, end, computed + num_new_tokens, num_encoder_tokens
         )
         if not delay_cache_blocks:
             self.cache_blocks(request, computed + num_new_tokens)
         return self.create_kv_cache_blocks(new_blocks)
 
-    def _window_blocks_to_allocate(
+    def randkv_window_blocks_to_allocate(
         self,
         request: Request,
         computed: int,
@@ -194,7 +198,7 @@ class RandKVCacheManager(KVCacheManager):
             for group, manager in zip(self.layout.windows, self.window_managers, strict=True)
         )
 
-    def _allocate_new_blocks(
+    def randkv_allocate_new_blocks(
         self, request_id: str, physical_end: int, absolute_end: int, num_encoder_tokens: int
     ) -> tuple[list[Any], ...]:
         """New blocks per group: the full-attention group up to the physical length, vLLM's

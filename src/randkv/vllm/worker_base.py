@@ -14,7 +14,7 @@ from typing import Any
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from randkv.kernels.compactor import KVLayout
-from randkv.vllm.kv_spec import bounded_spec, is_window_spec
+from randkv.vllm.kv_spec import EVERY_LAYER_SLIDES, bounded_spec, is_window_spec
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import TRACK_POSITIONS_ENV, RequestRecord, logger
@@ -50,6 +50,9 @@ class RandKVWorkerMixin:
                     f"it; layer {name} uses {type(spec).__name__}"
                 )
             wrapped[name] = bounded_spec(spec)
+        if wrapped and all(is_window_spec(spec) for spec in wrapped.values()):
+            kinds = sorted({type(spec).__name__ for spec in wrapped.values()})
+            raise UnsupportedModeError(EVERY_LAYER_SLIDES.format(kinds=kinds))
         return wrapped
 
     def initialize_from_config(self, kv_cache_config: Any) -> None:
