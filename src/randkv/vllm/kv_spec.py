@@ -95,7 +95,7 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
     if len(full) > 1:
         raise UnsupportedModeError(
             f"vLLM split this model's full-attention layers into {len(full)} KV cache groups "
-            f"({names}); RandKV supports one full-attention group (a model with at most as "
-            "many full-attention layers as sliding-window ones per group)"
+            f"({names}); RandKV supports one full-attention group for now (vLLM makes one "
+            "when the model has no more full-attention layers than it puts in a group)"
         )
     return KVGroupLayout(randkv=full[0], windows=tuple(windows))
