@@ -260,10 +260,18 @@ def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_pa
     # Every RandKV request holds at most ceil((K + 2r) / block) blocks.
     per_request = -(-CONFIG.max_physical_length // bench.block_size)
     assert ours["kv_blocks_peak"] <= WORKLOAD.requests * per_request
-    # Plain vLLM's requests together outgrow the pool, so it must preempt.
+    # Plain vLLM's requests together outgrow the pool, so it must preempt some, or hold them
+    # waiting while others run (vLLM 0.32's admission gate reserves a request's whole
+    # sequence; which of the two happens depends on arrival timing). RandKV does neither.
     full = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // bench.block_size) for r in requests)
     assert full > bench.pool_blocks - 1
-    assert plain["preemptions"] > 0 and ours["preemptions"] == 0
+    timeline = plain["timeline"]
+    queued = any(
+        w > 0 and r > 0
+        for w, r in zip(timeline["waiting_requests"], timeline["running_requests"], strict=True)
+    )
+    assert plain["preemptions"] > 0 or queued, plain["preemptions"]
+    assert ours["preemptions"] == 0
     assert plain["kv_blocks_peak"] > ours["kv_blocks_peak"]
     # Rounds: the cache of each request ends with P + N - 1 tokens; the round due at T
     # tokens is applied before token T is written.

@@ -207,7 +207,7 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     monkeypatch.setattr(hostsync, "_pin_memory", True)
     monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
     runner = _v1_runner(shared_kv_cache_layers={})  # setup stops after the setting
-    with pytest.raises(AttributeError, match="randkv_layer_caches"):
+    with pytest.raises(AttributeError, match="kv_cache_config"):
         RandKVRunnerMixin.randkv_setup(runner, RandKVConfig(), KVLayout.BLOCK_HEAD_SLOT)
     assert hostsync.pin_memory_enabled() is False
 

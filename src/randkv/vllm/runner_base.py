@@ -97,9 +97,9 @@ class RandKVRunnerMixin:
         from randkv.kernels.hostsync import set_pin_memory
 
         refuse_shared_kv_layers(self.randkv_shared_kv_layers())
+        set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         # The KV cache group RandKV bounds (a mixed model's window groups stay vLLM's).
         self.randkv_groups = kv_group_layout(self.kv_cache_config)
-        set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         # Draws are keyed by global layer and global KV head, so each TP rank (and each
         # pipeline stage) plans a slice of the single-device plan.
         layers, caches = self.randkv_layer_caches()
