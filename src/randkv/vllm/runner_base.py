@@ -83,7 +83,11 @@ class RandKVRunnerMixin:
         """The name of vLLM's attention backend for the full-attention KV cache group."""
         groups = self.attn_groups
         group = kv_group_layout(self.kv_cache_config).randkv
-        return groups[group][0].backend.__name__ if len(groups) > group else "unknown"
+        return (
+            groups[group][0].backend.__name__
+            if len(groups) > group and groups[group]
+            else "unknown"
+        )
 
     # ------------------------------------------------------------------ start-up
 
