@@ -142,6 +142,65 @@ def test_model_generate_with_the_cache_gives_the_batch_rows_tokens(model, batch_
         assert cache.rounds(0) >= 3
 
 
+def _scoring_rows(batch_new) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+    """Two unpadded rows of one length (own prompts, their own decoded answers), as the
+    quality study scores them: ids, prompt lengths, and each row's answer part."""
+    length = len(PROMPTS[1]) + NEW_TOKENS
+    answers = [batch_new[b][: length - len(PROMPTS[b])] for b in (1, 2)]
+    ids = torch.tensor([PROMPTS[b] + answer for b, answer in zip((1, 2), answers, strict=True)])
+    return ids, [len(PROMPTS[1]), len(PROMPTS[2])], answers
+
+
+def _scoring_cache(model, prompts: list[int], selector: str) -> rh.RandKVCache:
+    from randkv.selectors.registry import make_selector
+
+    keys = [request_key_from_content(PROMPTS[b]) for b in (1, 2)]
+    return rh.RandKVCache(
+        model, CONFIG, request_keys=keys, prompt_lengths=prompts, selector=make_selector(selector)
+    )
+
+
+def test_chunked_scoring_equals_the_oracle_on_a_mixed_model(ckpt, model, batch_new):
+    """The quality study's teacher-forced scoring (chunks up to the next round, a mask per
+    layer kind) against the from-scratch recompute, every vocabulary entry."""
+    from randkv.hf.scoring import score_sequences
+
+    ids, prompts, answers = _scoring_rows(batch_new)
+    got = torch.full((*ids.shape, 96), float("nan"))
+
+    def on_chunk(start: int, logprobs: torch.Tensor) -> None:
+        got[:, start + 1 : start + 1 + logprobs.shape[1]] = logprobs
+
+    cache = _scoring_cache(model, prompts, "randkv")
+    score_sequences(model, ids, cache, on_chunk)
+    for row, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+        prompt_ids = ids[row, :prompt].tolist()
+        want = recompute_logprobs(ckpt, CONFIG, prompt_ids, answer, cache.request_keys[row])
+        torch.testing.assert_close(got[row, prompt:], want, atol=1e-4, rtol=0)
+        assert cache.rounds(row) >= 3
+
+
+@pytest.mark.parametrize("selector", ["randkv", "h2o"])
+def test_chunked_scoring_keeps_what_decoding_keeps_on_a_mixed_model(ckpt, batch_new, selector):
+    """A scored policy reads attention on the full layers only; chunked and token-by-token
+    feeding keep the same positions there."""
+    from randkv.hf.scoring import score_sequences
+
+    # Eager attention: the scored policies read its weights.
+    model = Gemma3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+    ids, _, _ = _scoring_rows(batch_new)
+    prompts = [len(PROMPTS[1])] * 2  # forced_decode feeds one prompt width
+    chunked = _scoring_cache(model, prompts, selector)
+    score_sequences(model, ids, chunked, lambda start, logprobs: None)
+    stepped = _scoring_cache(model, prompts, selector)
+    # Every token dictated: forced_decode feeds what score_sequences scored, one at a time.
+    rh.forced_decode(model, ids[:, : prompts[0]], None, ids[:, prompts[0] :].clone(),
+                     cache=stepped)  # fmt: skip
+    assert [chunked.rounds(b) for b in (0, 1)] == [stepped.rounds(b) for b in (0, 1)]
+    same = (chunked.positions == stepped.positions).float().mean().item()
+    assert same == 1.0 if selector == "randkv" else same > 0.995
+
+
 def test_what_stays_refused_says_why():
     every_layer_slides = _config(layer_types=["sliding_attention"] * 4)
     with pytest.raises(rh.UnsupportedModelError, match="every layer .* 'sliding_attention'"):

@@ -88,6 +88,25 @@ def attention_mask_for(model: Any, allowed: torch.Tensor) -> torch.Tensor:
     )
 
 
+def step_attention_mask(
+    model: Any, cache: RandKVCache, ids: torch.Tensor, allowed: torch.Tensor
+) -> Any:
+    """This step's mask over `cache` (after `begin_step` gave `allowed`); a mixed model gets
+    one per layer type: RandKV's on the full layers, and for the sliding-window layers the
+    mask Transformers builds for its own window cache, over input columns (pad columns
+    included, masked)."""
+    device = model.device
+    mask = attention_mask_for(model, allowed.to(device))
+    if cache.sliding_window is None:
+        return mask
+    text = model.config.get_text_config(decoder=True)
+    shape_only = torch.empty(*ids.shape, 1, dtype=model.dtype, device=device)
+    columns = cache.column_mask.to(device)
+    # Positional: the cache argument's name changed within 5.x (past_key_values, cache).
+    sliding = create_sliding_window_causal_mask(text, shape_only, columns, cache)
+    return {"full_attention": mask, "sliding_attention": sliding}
+
+
 class _Session:
     """Feeds tokens to a model over one cache; returns last-column float32 logits."""
 
@@ -105,10 +124,7 @@ class _Session:
             kwargs["logits_to_keep"] = 1
         if isinstance(self.cache, RandKVCache):
             allowed, positions = self.cache.begin_step(real)
-            mask = attention_mask_for(self.model, allowed.to(self.device))
-            if self.cache.sliding_window is not None:  # a mask per layer type
-                mask = {"full_attention": mask, "sliding_attention": self._sliding_mask(ids)}
-            kwargs["attention_mask"] = mask
+            kwargs["attention_mask"] = step_attention_mask(self.model, self.cache, ids, allowed)
             kwargs["position_ids"] = positions.to(self.device)
         else:  # dense batch-1 reference: plain causal attention
             q = ids.shape[1]
@@ -118,16 +134,6 @@ class _Session:
         self.columns += ids.shape[1]
         out = self.model(input_ids=ids, **kwargs)
         return out.logits[:, -1].to(torch.float32)
-
-    def _sliding_mask(self, ids: torch.Tensor) -> Any:
-        """The sliding-window layers' mask, as Transformers builds it for its own window
-        cache: over input columns (pad columns included, masked), after `begin_step`."""
-        assert isinstance(self.cache, RandKVCache)
-        text = self.model.config.get_text_config(decoder=True)
-        shape_only = torch.empty(*ids.shape, 1, dtype=self.model.dtype, device=self.device)
-        columns = self.cache.column_mask.to(self.device)
-        # Positional: the cache argument's name changed within 5.x (past_key_values, cache).
-        return create_sliding_window_causal_mask(text, shape_only, columns, self.cache)
 
 
 def _resolve_generation_config(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from randkv.hf.cache import RandKVCache
-from randkv.hf.generate import attention_mask_for, forward_kwargs
+from randkv.hf.generate import forward_kwargs, step_attention_mask
 from randkv.hf.hooks import attention_hooks
 
 __all__ = ["ChunkScores", "score_sequences"]
@@ -62,7 +62,7 @@ def score_sequences(
             kwargs = {
                 cache_kw: cache,
                 "use_cache": True,
-                "attention_mask": attention_mask_for(model, allowed.to(device)),
+                "attention_mask": step_attention_mask(model, cache, ids, allowed),
                 "position_ids": positions.to(device),
             }
             if keeps_logits:
