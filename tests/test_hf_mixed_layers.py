@@ -187,7 +187,9 @@ def test_chunked_scoring_keeps_what_decoding_keeps_on_a_mixed_model(ckpt, batch_
     from randkv.hf.scoring import score_sequences
 
     # Eager attention: the scored policies read its weights.
-    model = Gemma3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+    model = Gemma3ForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, attn_implementation="eager"
+    )
     ids, _, _ = _scoring_rows(batch_new)
     prompts = [len(PROMPTS[1])] * 2  # forced_decode feeds one prompt width
     chunked = _scoring_cache(model, prompts, selector)
