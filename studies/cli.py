@@ -89,6 +89,8 @@ def _eval_real(args: argparse.Namespace) -> None:
         seeds=args.seeds,
         documents=args.problems or defaults.documents,
         generations=args.problems or defaults.generations,
+        document_tokens=args.document_tokens or defaults.document_tokens,
+        new_tokens=args.new_tokens or defaults.new_tokens,
         evictors=tuple(args.evictors.split(",")) if args.evictors else defaults.evictors,
         threads=args.threads or defaults.threads,
     )
@@ -186,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="default 128 (real: 8 text documents and 24 own answers; N sets both)",
+    )
+    ev.add_argument(
+        "--document-tokens", type=int, default=None, help="real: tokens per text window (2048)"
+    )
+    ev.add_argument(
+        "--new-tokens", type=int, default=None, help="real: tokens per own answer (768)"
     )
     ev.add_argument("--keys", type=int, default=defaults.num_keys, help="facts in the prompt")
     ev.add_argument("--hops", type=int, default=defaults.hops, help="hops (4 tokens each)")

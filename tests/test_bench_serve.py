@@ -17,6 +17,7 @@ from randkv.bench.serve import (  # noqa: E402
     ServeBench,
     abba_order,
     assemble,
+    format_reference,
     format_repeats,
     format_table,
     representative_repeat,
@@ -31,6 +32,7 @@ CONFIG = RandKVConfig(budget=48, buffer_size=8, seed=1)
 # vLLM preempts however the requests' arrivals spread out on a loaded machine (with 150-220
 # output tokens, a request could finish before the next arrived, and none was preempted).
 WORKLOAD = WorkloadSpec(requests=6, prompt_tokens=(10, 30), output_tokens=(320, 380), seed=3)
+AMPLE_POOL = 6 * 13 + 2  # the third arm: plain vLLM with room for every request at once
 
 
 # --------------------------------------------------------------------------- repeats (fast)
@@ -202,6 +204,41 @@ def test_repeat_result_keeps_every_run_and_follows_the_schema():
         validate(broken)
 
 
+def test_the_ample_arm_follows_each_pair_and_reports_shares_of_its_throughput():
+    assert abba_order(2, ample=True) == [
+        (0, "plain"), (0, "randkv"), (0, "ample"), (1, "randkv"), (1, "plain"), (1, "ample"),
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="not more than --pool-blocks 130"):
+        ServeBench(ample_pool_blocks=130)
+    runs = _fake_runs(PLAIN, OURS)
+    ample_tokens = [200.0, 400.0, 300.0]
+    runs["ample"] = [
+        {**_fake_run(tokens, 1.0, 0.01, randkv=False), "preemptions": 0, "repeat": r,
+         "position": 3 * r + 2}
+        for r, tokens in enumerate(ample_tokens)
+    ]  # fmt: skip
+    result = assemble(ServeBench(repeats=3, ample_pool_blocks=500), "tiny", runs)
+    validate(result)
+    assert result["order"].count("ample") == 3 and set(result["runs"]) == {"plain", "randkv"}
+    reference = result["reference"]
+    assert reference["pool_blocks"] == 500 and reference["arm"] is runs["ample"][0]
+    # Per repeat: RandKV 250/200, 200/400, 270/300; plain 100/200, 120/400, 90/300.
+    share = reference["share_of_throughput"]
+    assert share["randkv"]["values"] == pytest.approx([1.25, 0.5, 0.9])
+    assert share["plain"]["median"] == pytest.approx(0.3)
+    assert reference["summary"]["output_tokens_per_s"]["median"] == 300.0
+    assert reference["preempted"] is False
+    text = format_reference(result)
+    assert "ample memory (500 blocks): 300 output tokens/s" in text
+    assert "vLLM + RandKV 0.90x, plain vLLM at the same pool 0.30x" in text
+    assert "not ample" not in text
+    runs["ample"][1]["preemptions"] = 2
+    preempted = assemble(ServeBench(repeats=3, ample_pool_blocks=500), "tiny", runs)
+    assert "not ample; raise --ample-pool-blocks" in format_reference(preempted)
+    two_arms = assemble(ServeBench(repeats=3), "tiny", _fake_runs(PLAIN, OURS))
+    assert "reference" not in two_arms and format_reference(two_arms) is None
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -215,6 +252,7 @@ def bench_run(tiny_model_path, tmp_path_factory):
         block_size=32,
         max_num_seqs=6,
         results_dir=tmp_path_factory.mktemp("bench-serve"),
+        ample_pool_blocks=AMPLE_POOL,
     )
     return bench, run(bench, progress=False)
 
@@ -285,4 +323,20 @@ def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_pa
     )
     assert ours["eviction"]["rounds"] == expected
     assert 0 < ours["eviction"]["share_of_step_time"] < 1
-    assert result["targets"]["plain_preempted"] is True
+    assert result["targets"]["plain_preempted"] is (plain["preemptions"] > 0)
+
+
+@pytest.mark.engine
+def test_plain_vllm_with_ample_memory_never_waits_for_blocks(bench_run, tiny_model_path):
+    """The third arm: all requests run at once (max_num_seqs is the request count), none
+    preempted or queued, holding more blocks than the iso-memory pool has."""
+    bench, result = bench_run
+    reference = result["reference"]
+    ample, plain = reference["arm"], result["arms"]["plain"]
+    assert ample["requests_completed"] == WORKLOAD.requests
+    assert ample["output_tokens"] == plain["output_tokens"]
+    assert ample["preemptions"] == 0 and reference["preempted"] is False
+    assert max(ample["timeline"]["waiting_requests"]) == 0
+    assert ample["kv_blocks_peak"] > bench.pool_blocks
+    assert ample["running_requests_peak"] == WORKLOAD.requests
+    assert result["order"] == ["plain", "randkv", "ample"]

@@ -72,6 +72,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
         async_scheduling=args.async_scheduling,
         results_dir=Path(args.results),
         repeats=args.repeats,
+        ample_pool_blocks=getattr(args, "ample_pool_blocks", None),
     )
 
 
@@ -85,6 +86,9 @@ def _bench_serve(args: argparse.Namespace) -> None:
     print(serve.format_table(result))
     if result["repeats"] > 1:
         print(serve.format_repeats(result))
+    reference = serve.format_reference(result)
+    if reference is not None:
+        print(reference)
     print(f"results: {args.results}/result.json, {args.results}/timeline.png")
 
 
@@ -280,6 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs of each arm, alternated in ABBA order, each on a fresh server; "
         "reports the median and range of each arm and of the ratio",
+    )
+    serve_bench.add_argument(
+        "--ample-pool-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also run plain vLLM with a pool of N blocks, enough never to preempt, in every "
+        "repeat: the ceiling; reports each arm's share of its throughput",
     )
     serve_bench.add_argument("--results", default="results/bench-serve")
     serve_bench.add_argument("--json", action="store_true", help="print the JSON result")

@@ -1,5 +1,6 @@
-"""`python -m studies eval --task real`: every policy on SmolLM2-135M-Instruct, real text and the
-model's own generations, at matched (K, r). docs/quality.md ("Third study") says what and
+"""`python -m studies eval --task real`: every policy on a real model (SmolLM2-135M-Instruct by
+default; `--model` takes another, e.g. Gemma 3 270M), real text and the model's own
+generations, at matched (K, r). docs/quality.md ("Third study") says what and
 why; this is the driver. Writes real.json, real.md and real.png.
 """
 

@@ -65,12 +65,20 @@ def _metric(row: dict[str, Any] | None, name: str, digits: int = 3) -> str:
     return _cell(row["metrics"][name], digits)
 
 
+def model_title(result: dict[str, Any]) -> str:
+    """The studied model's name from its provenance ("Gemma 3 270M"); SmolLM2 (the committed
+    run) when the folder had none."""
+    provenance = (result.get("model") or {}).get("provenance") or {}
+    description = provenance.get("description")
+    return description.split(" (")[0] if description else "SmolLM2-135M-Instruct"
+
+
 def real_markdown(result: dict[str, Any]) -> str:
     config = result["config"]
     reused = sum(part.get("reused_runs", 0) for part in result["parts"].values())
     resumed = f", {reused} runs saved by an earlier invocation" if reused else ""
     lines = [
-        "# Real model: SmolLM2-135M-Instruct (float32)",
+        f"# Real model: {model_title(result)} (float32)",
         "",
         f"r = {config['buffer']}; RandKV over seeds {config['seeds']}; 95% bootstrap CIs over "
         f"documents; paired: policy - RandKV, t-test, Holm per part. {result['seconds']} s on "
@@ -172,7 +180,7 @@ def plot_real(result: dict[str, Any], path: str | Path) -> Path:
         ax.legend(fontsize=7)
     else:
         ax.set_visible(False)
-    fig.suptitle("SmolLM2-135M-Instruct: policies at matched budgets", fontsize=10)
+    fig.suptitle(f"{model_title(result)}: policies at matched budgets", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

@@ -95,6 +95,10 @@ def text_windows(
 
 
 def _chat_prompt(tokenizer: Any, instruction: str) -> list[int]:
+    """The instruction in the model's chat template; a base model without one (Gemma 3 270M)
+    gets it as plain text, its BOS token first, followed by an answer cue."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.encode(f"{instruction}\n\nAnswer:", add_special_tokens=True))
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": instruction}], add_generation_prompt=True, tokenize=False
     )

@@ -8,6 +8,10 @@ With `repeats` > 1 the two arms run alternately in ABBA order (plain, RandKV, Ra
 plain, ...), each run on a freshly started server, so slow drifts of the machine (other jobs,
 caches, clocks) fall on both arms alike; the result reports the median and the range of
 each arm and of the per-repeat ratio, and keeps every run.
+
+With `ample_pool_blocks` a third arm runs in every repeat, after its pair: plain vLLM with a
+pool large enough never to preempt, the memory plain vLLM would need for this load. It is the
+ceiling, not a competitor: the result says what share of it each iso-memory arm reaches.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from randkv.vllm.timeline import (
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_EVICTION_SHARE = 0.05
 ARMS = ("plain", "randkv")
+#: The optional third arm: plain vLLM with ample memory (`ServeBench.ample_pool_blocks`).
+AMPLE = "ample"
 
 
 def platform_defaults(cuda: bool | None = None) -> dict[str, Any]:
@@ -81,10 +87,17 @@ class ServeBench:
     async_scheduling: bool | None = None  # None: vLLM's choice, the same for both arms
     results_dir: Path = Path("results/bench-serve")
     repeats: int = 1  # runs of each arm, in ABBA order
+    # A third arm, plain vLLM with this many blocks (None: two arms only).
+    ample_pool_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if self.ample_pool_blocks is not None and self.ample_pool_blocks <= self.pool_blocks:
+            raise ValueError(
+                f"--ample-pool-blocks {self.ample_pool_blocks} is not more than --pool-blocks "
+                f"{self.pool_blocks}; give plain vLLM the pool it needs never to preempt"
+            )
         for name, value in platform_defaults().items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)  # frozen: resolve once, here
@@ -258,18 +271,19 @@ def _ratio(ours: float | None, plain: float | None) -> float | None:
     return ours / plain if ours is not None and plain else None
 
 
-def abba_order(repeats: int) -> list[tuple[int, str]]:
+def abba_order(repeats: int, *, ample: bool = False) -> list[tuple[int, str]]:
     """(repeat, arm) in execution order: A B, B A, A B, ... (A = plain, B = RandKV).
 
     Each repeat is one adjacent pair, and every second pair is reversed, so a drift over
-    the session favours neither arm and neither always runs first.
+    the session favours neither arm and neither always runs first. With `ample`, the
+    ample-memory arm follows each pair.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     order: list[tuple[int, str]] = []
     for repeat in range(repeats):
         pair = ARMS if repeat % 2 == 0 else ARMS[::-1]
-        order += [(repeat, arm) for arm in pair]
+        order += [(repeat, arm) for arm in (*pair, AMPLE)[: 3 if ample else 2]]
     return order
 
 
@@ -326,15 +340,40 @@ def representative_repeat(summary: dict[str, dict[str, Any]]) -> int:
     return min(range(len(ratio["values"])), key=distance)
 
 
+def ample_reference(
+    bench: ServeBench, runs: dict[str, list[dict[str, Any]]], chosen: int
+) -> dict[str, Any]:
+    """The ample-memory arm's runs, its spread over the repeats, and what share of its
+    throughput each iso-memory arm reached in the same repeat."""
+    ample = runs[AMPLE]
+    if len(ample) != len(runs["plain"]):
+        raise ValueError("the ample arm needs one run per repeat")
+    tokens = SUMMARY_READERS["output_tokens_per_s"]
+    return {
+        "pool_blocks": bench.ample_pool_blocks,
+        "runs": ample,
+        "arm": ample[chosen],
+        "summary": {metric: spread([read(run) for run in ample])
+                    for metric, read in SUMMARY_READERS.items()},
+        "share_of_throughput": {
+            arm: spread([_ratio(tokens(mine), tokens(ref))
+                         for mine, ref in zip(runs[arm], ample, strict=True)])
+            for arm in ARMS
+        },
+        "preempted": any(run["preemptions"] > 0 for run in ample),
+    }  # fmt: skip
+
+
 def assemble(
     bench: ServeBench,
     model: str,
     runs: dict[str, list[dict[str, Any]]],
     order: list[tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
-    """The result JSON from every run of both arms (`runs[arm][repeat]`)."""
+    """The result JSON from every run of every arm (`runs[arm][repeat]`; the ample arm's,
+    when there, go to `reference`)."""
     repeats = len(runs["plain"])
-    order = order if order is not None else abba_order(repeats)
+    order = order if order is not None else abba_order(repeats, ample=AMPLE in runs)
     summary = summarize_repeats(runs)
     chosen = representative_repeat(summary)
     plain, ours = runs["plain"][chosen], runs["randkv"][chosen]
@@ -356,7 +395,7 @@ def assemble(
         and share < TARGET_EVICTION_SHARE
         and all(run["requests_failed"] == 0 for run in runs["randkv"])
     )
-    return {
+    result = {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -378,7 +417,7 @@ def assemble(
         "workload": bench.workload.to_json(),
         "repeats": repeats,
         "order": [arm for _, arm in order],
-        "runs": runs,
+        "runs": {arm: runs[arm] for arm in ARMS},
         "summary": summary,
         "representative_repeat": chosen,
         "arms": {"plain": plain, "randkv": ours},
@@ -391,6 +430,9 @@ def assemble(
             "judged_on": f"medians over {repeats} repeat(s)",
         },
     }
+    if AMPLE in runs:
+        result["reference"] = ample_reference(bench, runs, chosen)
+    return result
 
 
 def _vllm_version() -> str:
@@ -420,13 +462,19 @@ def run(bench: ServeBench, *, progress: bool = True, keep_outputs: bool = False)
     def progress_factory(**kwargs: Any) -> Any:
         return tqdm(disable=not progress, **kwargs)
 
-    configs = {"plain": None, "randkv": bench.randkv}
-    order = abba_order(bench.repeats)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    configs = {"plain": None, "randkv": bench.randkv, AMPLE: None}
+    ample = bench.ample_pool_blocks is not None
+    benches = {"plain": bench, "randkv": bench}
+    if ample:
+        benches[AMPLE] = dataclasses.replace(
+            bench, pool_blocks=bench.ample_pool_blocks, ample_pool_blocks=None
+        )
+    order = abba_order(bench.repeats, ample=ample)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in benches}
     for position, (repeat, arm) in enumerate(order):
         name = arm if bench.repeats == 1 else f"{arm}-{repeat}"
         measured = run_arm(
-            bench, model, configs[arm], requests, name, progress_factory, keep_outputs
+            benches[arm], model, configs[arm], requests, name, progress_factory, keep_outputs
         )
         runs[arm].append({**measured, "repeat": repeat, "position": position})
     result = assemble(bench, model, runs, order)
@@ -473,6 +521,29 @@ def format_table(result: dict[str, Any], *, with_target: bool = True) -> str:
         + ("met" if targets["met"] else "NOT met")
         + (f", on the medians of {result['repeats']} repeats" if result["repeats"] > 1 else "")
     )
+    return "\n".join(lines)
+
+
+def format_reference(result: dict[str, Any]) -> str | None:
+    """What share of the ample-memory arm's throughput each iso-memory arm reached (None
+    without that arm)."""
+    reference = result.get("reference")
+    if reference is None:
+        return None
+    tokens = reference["summary"]["output_tokens_per_s"]
+    share = reference["share_of_throughput"]
+    runs = reference["runs"]
+    lines = [
+        f"plain vLLM with ample memory ({reference['pool_blocks']} blocks): "
+        f"{tokens['median']:.0f} output tokens/s, "
+        f"peak {max(run['kv_blocks_peak'] for run in runs)} KV blocks, "
+        f"{sum(run['preemptions'] for run in runs)} preemptions"
+        + (f" (median of {result['repeats']} runs)" if result["repeats"] > 1 else ""),
+        f"share of its throughput: vLLM + RandKV {share['randkv']['median']:.2f}x, "
+        f"plain vLLM at the same pool {share['plain']['median']:.2f}x",
+    ]
+    if reference["preempted"]:
+        lines.append("the ample arm preempted: not ample; raise --ample-pool-blocks")
     return "\n".join(lines)
 
 

@@ -9,6 +9,11 @@ repeats of each arm and of the per-repeat ratio RandKV / plain, for output token
 p50 and inter-token latency p50) and `representative_repeat`. `arms` and `ratios` keep their
 version-1 shape and describe the representative repeat (the one whose throughput ratio is
 nearest the median); `targets` is judged on the medians over repeats.
+
+Optional `reference` (`--ample-pool-blocks`): the third arm, plain vLLM with ample memory,
+one run per repeat (`order` names it "ample"): its pool, runs, the run of the representative
+repeat (`arm`), its spread over the repeats (`summary`), each iso-memory arm's throughput over
+its own in the same repeat (`share_of_throughput`), and whether it ever preempted.
 """
 
 from __future__ import annotations
@@ -132,6 +137,25 @@ _SUMMARY_GROUP = {
     "properties": {metric: _SPREAD for metric in SUMMARY_METRICS},
 }
 
+_REFERENCE = {
+    "type": "object",
+    "required": ["pool_blocks", "runs", "arm", "summary", "share_of_throughput", "preempted"],
+    "properties": {
+        "pool_blocks": _COUNT,
+        "runs": {"type": "array", "items": RUN_SCHEMA, "minItems": 1},
+        "arm": ARM_SCHEMA,
+        "summary": _SUMMARY_GROUP,
+        "share_of_throughput": {
+            "type": "object",
+            "required": ["plain", "randkv"],
+            "properties": {"plain": _SPREAD, "randkv": _SPREAD},
+            "additionalProperties": False,
+        },
+        "preempted": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "randkv bench serve result",
@@ -174,7 +198,7 @@ SCHEMA: dict[str, Any] = {
             "required": ["requests", "prompt_tokens", "output_tokens", "seed"],
         },
         "repeats": {"type": "integer", "minimum": 1},
-        "order": {"type": "array", "items": {"enum": ["plain", "randkv"]}},
+        "order": {"type": "array", "items": {"enum": ["plain", "randkv", "ample"]}},
         "runs": {
             "type": "object",
             "required": ["plain", "randkv"],
@@ -191,6 +215,7 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
         },
         "representative_repeat": _COUNT,
+        "reference": _REFERENCE,
         "arms": {
             "type": "object",
             "required": ["plain", "randkv"],
