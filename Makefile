@@ -23,14 +23,14 @@ VLLM_TESTS := $(filter-out tests/test_vllm_drift.py,$(wildcard tests/test_vllm_*
 	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py
 # vLLM's V2 model runner in Triton's interpreter (tests/v2_runner.py): the engine tests.
 V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm_plugin.py \
-	tests/test_vllm_async.py \
+	tests/test_vllm_async.py tests/test_vllm_gemma3.py \
 	tests/test_vllm_v2_runner.py \
 	tests/test_randkv_check.py::test_the_vllm_lines_pass_with_the_installed_vllm
 # PART=1 or PART=2 runs one half of test-vllm / test-v2 (CI's two lanes share them, .ci/run);
 # no PART runs the whole leg. Halves are whole modules: engines are shared within a module.
 VLLM_PART_1 := tests/test_vllm_parallel.py tests/test_stock_server.py tests/test_serve.py \
 	tests/test_vllm_gemma3.py tests/test_serve_long_prompts.py
-V2_PART_1 := tests/test_vllm_engine.py
+V2_PART_1 := tests/test_vllm_engine.py tests/test_vllm_gemma3.py
 part = $(if $(filter 1,$(PART)),$(filter $(2),$(1)),$(if $(filter 2,$(PART)),$(filter-out $(2),$(1)),$(1)))
 
 .PHONY: setup demo test test-vllm test-v2 drift bench study lint format clean

@@ -36,6 +36,7 @@ from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.parallel import kv_head_shard
 from randkv.vllm.refusals import refuse_shared_kv_layers
 from randkv.vllm.timing import RoundTimer
+from randkv.vllm.window_lengths import WindowLengths, give_absolute_lengths
 
 logger = init_logger("vllm.randkv.worker")
 
@@ -104,6 +105,13 @@ class RandKVRunnerMixin:
         set_pin_memory(is_pin_memory_available())  # vLLM may have turned pinning off
         # The KV cache group RandKV bounds (a mixed model's window groups stay vLLM's).
         self.randkv_groups = kv_group_layout(self.kv_cache_config)
+        # A mixed model's window layers read absolute lengths (their own attention inputs):
+        # both runners build every group's metadata from one set of lengths.
+        self.randkv_window_lengths = WindowLengths()
+        for group in self.randkv_groups.windows:
+            for attn_group in self.attn_groups[group]:
+                for builder in attn_group.metadata_builders:
+                    give_absolute_lengths(builder, self.randkv_window_lengths)
         # Draws are keyed by global layer and global KV head, so each TP rank (and each
         # pipeline stage) plans a slice of the single-device plan.
         layers, caches = self.randkv_layer_caches()

@@ -20,21 +20,11 @@ from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import RandKVRunnerMixin
-from randkv.vllm.window_lengths import WindowLengths, give_absolute_lengths
 
 
 class V1RunnerMixin(RandKVRunnerMixin):
     def randkv_shared_kv_layers(self) -> dict[str, str]:
         return dict(getattr(self, "shared_kv_cache_layers", {}))
-
-    def randkv_setup(self, config: Any, layout: Any) -> None:
-        super().randkv_setup(config, layout)
-        # A mixed model's window layers read absolute lengths (their own attention inputs).
-        self.randkv_window_lengths = WindowLengths()
-        for group in self.randkv_groups.windows:
-            for attn_group in self.attn_groups[group]:
-                for builder in attn_group.metadata_builders:
-                    give_absolute_lengths(builder, self.randkv_window_lengths)
 
     def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
         group = self.randkv_groups.randkv

@@ -15,6 +15,10 @@ device only, per-request block counts on the host), and per-step inputs in persi
   physical computed-token counts), writes the lengths into `input_buffers.seq_lens` (what a
   full CUDA graph replays) and passes the physical positions to vLLM's slot mapping. The
   model still gets the absolute positions (RoPE).
+- **Sliding-window groups** (mixed models): their slots come from the absolute positions
+  (vLLM's own mapping, computed first into RandKV's buffer and copied over the physical one
+  for those rows), and their metadata builders get the absolute lengths back
+  (`randkv.vllm.window_lengths`); only the full-attention group reads physical ones.
 - **Sampling.** vLLM's sampler decides whether a row emits a token by comparing the batch's
   `seq_lens` with the request's absolute prefill length, so `sample()` gets the absolute
   lengths back. A request resumed after preemption re-prefills more than K + 2r tokens and
@@ -33,10 +37,8 @@ import torch
 
 from randkv.kernels.hostsync import host_to_device
 from randkv.spec.cadence import physical_lengths, rounds_completed
-from randkv.vllm.kv_spec import kv_group_layout
 from randkv.vllm.messages import RoundDirective
 from randkv.vllm.parallel import kv_cache_layer_indices
-from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.runner_base import RandKVRunnerMixin
 
 
@@ -61,21 +63,15 @@ class V2RunnerMixin(RandKVRunnerMixin):
 
     def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
         # V2's `kv_caches` follow the allocation order of the cache tensors, not the layer
-        # order: read each layer's own cache instead.
-        names = list(self.kv_cache_config.kv_cache_groups[0].layer_names)
+        # order: read each layer's own cache instead (the full-attention group's).
+        group = self.kv_cache_config.kv_cache_groups[self.randkv_groups.randkv]
+        names = list(group.layer_names)
         context = self.compilation_config.static_forward_context
         by_index = dict(zip(kv_cache_layer_indices(names), names, strict=False))
         ordered = sorted(by_index)
         return ordered, [context[by_index[i]].kv_cache for i in ordered]
 
     def randkv_setup(self, config: Any, layout: Any) -> None:
-        if kv_group_layout(self.kv_cache_config).windows:
-            # V2 builds each group's attention inputs itself (prepare_attn); the window
-            # groups' absolute lengths there are not wired yet.
-            raise UnsupportedModeError(
-                "RandKV on a model with sliding-window layers runs on vLLM's V1 model "
-                "runner only for now; unset VLLM_USE_V2_MODEL_RUNNER"
-            )
         super().randkv_setup(config, layout)
         max_reqs = self.req_states.num_computed_tokens.gpu.shape[0]
         device = self.randkv_caches[0].device
@@ -84,6 +80,12 @@ class V2RunnerMixin(RandKVRunnerMixin):
         self.randkv_positions = torch.zeros_like(self.input_buffers.positions)
         self.randkv_physical_computed = torch.zeros(max_reqs, dtype=seq_lens.dtype, device=device)
         self.randkv_absolute_seq_lens = torch.zeros_like(seq_lens)
+        # A mixed model's window groups: their slot mappings from absolute positions.
+        self.randkv_window_slots = (
+            torch.empty_like(self.block_tables.slot_mappings)
+            if self.randkv_groups.windows
+            else None
+        )
 
     # ------------------------------------------------------------------ rounds
 
@@ -92,12 +94,13 @@ class V2RunnerMixin(RandKVRunnerMixin):
         for req_id, directive in directives.items():
             index = self.req_states.req_id_to_index.get(req_id)
             if index is not None:
-                counts[0, index] = directive.keep_blocks
+                counts[self.randkv_groups.randkv, index] = directive.keep_blocks
 
     # ------------------------------------------------------------------ attention inputs
 
     def prepare_attn(self, input_batch: Any) -> Any:
         self._randkv_absolute = None
+        self.randkv_window_lengths.clear()
         seen = input_batch.num_computed_tokens_np.astype("int64")  # host mirror, exact
         budgets = self.randkv_row_budgets(input_batch.req_ids[: input_batch.num_reqs])
         if not rounds_completed(self.randkv, seen, budgets).any():
@@ -107,6 +110,18 @@ class V2RunnerMixin(RandKVRunnerMixin):
         padded = input_batch.num_reqs_after_padding
         absolute = self.randkv_absolute_seq_lens[:padded]
         absolute.copy_(input_batch.seq_lens)
+        windows = self.randkv_window_slots is not None
+        if windows:  # before the shift: the window groups' slots and lengths
+            self.block_tables.compute_slot_mappings(
+                input_batch.idx_mapping,
+                input_batch.query_start_loc,
+                input_batch.positions,
+                num_tokens_padded=input_batch.num_tokens_after_padding,
+                out=self.randkv_window_slots,
+            )
+            self.randkv_window_lengths.keep(
+                absolute, input_batch.seq_lens_cpu_upper_bound, input_batch.num_reqs
+            )
         computed = self.req_states.num_computed_tokens.gpu  # absolute, by request slot
         physical = self.randkv_physical_computed
         if budgets is None:
@@ -131,7 +146,14 @@ class V2RunnerMixin(RandKVRunnerMixin):
         input_batch.seq_lens_cpu_upper_bound = physical_bound
         self._randkv_absolute = _AbsoluteLengths(input_batch, absolute, upper_bound)
         positions = self.randkv_positions[: input_batch.num_tokens_after_padding]
-        return super().prepare_attn(dataclasses.replace(input_batch, positions=positions))
+        block_tables, slot_mappings = super().prepare_attn(
+            dataclasses.replace(input_batch, positions=positions)
+        )
+        if windows:  # vLLM's persistent buffer: window rows back to absolute slots
+            tokens = slot_mappings.shape[1]
+            for group in self.randkv_groups.windows:
+                slot_mappings[group].copy_(self.randkv_window_slots[group, :tokens])
+        return block_tables, slot_mappings
 
     def sample(self, hidden_states: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
         kept = self._randkv_absolute

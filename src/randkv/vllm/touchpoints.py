@@ -267,19 +267,18 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         runner="v1",
     ),  # fmt: skip
     attrs("vllm.v1.worker.gpu_input_batch:CachedRequestState", "block_ids", runner="v1"),
-    # A mixed model's window groups get absolute lengths back (randkv.vllm.window_lengths).
-    attrs("vllm.v1.worker.utils:AttentionGroup", "metadata_builders", runner="v1"),
+    # A mixed model's window groups get absolute lengths back (randkv.vllm.window_lengths),
+    # on either runner.
+    attrs("vllm.v1.worker.utils:AttentionGroup", "metadata_builders"),
     Touch(
         "parameters",
         "vllm.v1.attention.backend:AttentionMetadataBuilder.build",
         ("common_prefix_len", "common_attn_metadata"),
-        runner="v1",
     ),
     Touch(
         "fields",
         "vllm.v1.attention.backend:CommonAttentionMetadata",
         ("seq_lens", "max_seq_len"),
-        runner="v1",
     ),
     # ------------------------------------------------------------------ the V2 model runner
     attrs(
@@ -303,7 +302,15 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "num_computed_tokens",
         runner="v2",
     ),  # fmt: skip
-    attrs("vllm.v1.worker.gpu.block_table:BlockTables", "num_blocks", runner="v2"),
+    attrs("vllm.v1.worker.gpu.block_table:BlockTables", "num_blocks", "slot_mappings", runner="v2"),
+    # A mixed model's window groups: their slots from absolute positions, into RandKV's buffer.
+    call(
+        "vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings",
+        "num_tokens_padded",
+        "out",
+        positional=3,
+        runner="v2",
+    ),
     attrs("vllm.v1.worker.gpu.buffer_utils:UvaBackedTensor", "np", runner="v2"),
     attrs("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor", "gpu", runner="v2"),
     attrs("vllm.v1.worker.gpu.input_batch:InputBuffers", "positions", "seq_lens", runner="v2"),
