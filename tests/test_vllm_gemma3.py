@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from v2_runner import v2_requested
 
 from randkv import RandKVConfig, request_key_from_text, slot_positions
