@@ -137,6 +137,17 @@ _SUMMARY_GROUP = {
     "properties": {metric: _SPREAD for metric in SUMMARY_METRICS},
 }
 
+
+def _per_arm(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object with one `schema` entry for each iso-memory arm, plain and RandKV."""
+    return {
+        "type": "object",
+        "required": ["plain", "randkv"],
+        "properties": {"plain": schema, "randkv": schema},
+        "additionalProperties": False,
+    }
+
+
 _REFERENCE = {
     "type": "object",
     "required": ["pool_blocks", "runs", "arm", "summary", "share_of_throughput", "preempted"],
@@ -145,12 +156,7 @@ _REFERENCE = {
         "runs": {"type": "array", "items": RUN_SCHEMA, "minItems": 1},
         "arm": ARM_SCHEMA,
         "summary": _SUMMARY_GROUP,
-        "share_of_throughput": {
-            "type": "object",
-            "required": ["plain", "randkv"],
-            "properties": {"plain": _SPREAD, "randkv": _SPREAD},
-            "additionalProperties": False,
-        },
+        "share_of_throughput": _per_arm(_SPREAD),
         "preempted": {"type": "boolean"},
     },
     "additionalProperties": False,
@@ -199,15 +205,7 @@ SCHEMA: dict[str, Any] = {
         },
         "repeats": {"type": "integer", "minimum": 1},
         "order": {"type": "array", "items": {"enum": ["plain", "randkv", "ample"]}},
-        "runs": {
-            "type": "object",
-            "required": ["plain", "randkv"],
-            "properties": {
-                arm: {"type": "array", "items": RUN_SCHEMA, "minItems": 1}
-                for arm in ("plain", "randkv")
-            },
-            "additionalProperties": False,
-        },
+        "runs": _per_arm({"type": "array", "items": RUN_SCHEMA, "minItems": 1}),
         "summary": {
             "type": "object",
             "required": ["plain", "randkv", "ratio"],
@@ -216,12 +214,7 @@ SCHEMA: dict[str, Any] = {
         },
         "representative_repeat": _COUNT,
         "reference": _REFERENCE,
-        "arms": {
-            "type": "object",
-            "required": ["plain", "randkv"],
-            "properties": {"plain": ARM_SCHEMA, "randkv": ARM_SCHEMA},
-            "additionalProperties": False,
-        },
+        "arms": _per_arm(ARM_SCHEMA),
         "ratios": {
             "type": "object",
             "required": [
