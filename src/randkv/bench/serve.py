@@ -283,7 +283,8 @@ def abba_order(repeats: int, *, ample: bool = False) -> list[tuple[int, str]]:
     order: list[tuple[int, str]] = []
     for repeat in range(repeats):
         pair = ARMS if repeat % 2 == 0 else ARMS[::-1]
-        order += [(repeat, arm) for arm in (*pair, AMPLE)[: 3 if ample else 2]]
+        arms = (*pair, AMPLE) if ample else pair
+        order += [(repeat, arm) for arm in arms]
     return order
 
 
