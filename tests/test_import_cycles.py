@@ -227,8 +227,8 @@ def test_the_graph_sees_the_project_s_imports():
     # The plugin imports the rest of randkv.vllm inside its functions (vLLM loads it in
     # every process): seen by the every-import graph only.
     every = import_graph(SRC, "randkv", every_import=True)
-    assert "randkv.vllm.engine_args" not in graph["randkv.vllm.plugin"]
-    assert "randkv.vllm.engine_args" in every["randkv.vllm.plugin"]
+    assert "randkv.vllm.entrypoints.engine_args" not in graph["randkv.vllm.plugin"]
+    assert "randkv.vllm.entrypoints.engine_args" in every["randkv.vllm.plugin"]
 
 
 #: Each part of `randkv` and the parts it may import (besides itself and the `randkv` root,

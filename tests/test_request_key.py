@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 from vllm import SamplingParams  # noqa: E402
 
 from randkv import request_key_from_content, request_key_from_text  # noqa: E402
-from randkv.vllm.request_key import derive_request_key, sampling_fingerprint  # noqa: E402
+from randkv.vllm.sched.request_identity import derive_request_key, sampling_fingerprint  # noqa: E402
 
 
 def test_caller_key_ignores_prompt_sampling_and_internal_id():

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from randkv import RandKVConfig  # noqa: E402
-from randkv.vllm.serve import (  # noqa: E402
+from randkv.vllm.entrypoints.serve import (  # noqa: E402
     apply_randkv,
     build_serve_parser,
     config_from_options,
@@ -26,7 +26,7 @@ def test_randkv_options_are_taken_out_and_the_rest_goes_to_vllm():
     assert config == RandKVConfig(budget=512)
     assert args.model_tag == "m" and args.max_num_seqs == 4 and args.port == 9
     apply_randkv(args, config)
-    assert args.scheduler_cls == "randkv.vllm.scheduler.RandKVScheduler"
+    assert args.scheduler_cls == "randkv.vllm.sched.scheduler.RandKVScheduler"
     assert args.worker_cls == "randkv.vllm.worker.RandKVCPUWorker"
     assert args.additional_config["randkv"] is config  # parsed once, here, and passed on
     assert args.async_scheduling is None  # vLLM decides (on by default on GPUs)
@@ -49,7 +49,7 @@ def test_no_randkv_leaves_vllm_untouched_and_refuses_mixing():
 def test_bad_values_and_refused_modes_say_what_is_wrong():
     with pytest.raises(ValueError, match="budget must be in"):
         parse(["m", "--randkv-budget", "0"])
-    from randkv.vllm.engine_args import UnsupportedModeError
+    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError
 
     config, args = parse(["m", "--pipeline-parallel-size", "2"])
     with pytest.raises(UnsupportedModeError, match="pipeline parallelism"):

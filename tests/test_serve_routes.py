@@ -96,7 +96,7 @@ NOT_GENERATING = frozenset(
 
 def _scale_out_flag() -> dict[str, bool]:
     """vLLM 0.32+ serves /inference/v1/generate only with --enable-scale-out."""
-    from randkv.vllm.serve import build_serve_parser
+    from randkv.vllm.entrypoints.serve import build_serve_parser
 
     parser, _ = build_serve_parser()
     try:

@@ -1,6 +1,7 @@
-"""The drift check (`randkv.vllm.drift`): its rules on planted drift, no drift on any supported
-release (GPU-only ones from their wheels, fetched with --no-deps), and the vLLM 0.32 / 0.34
-breaks it exists for, each caught when checked the way RandKV's code used to expect."""
+"""The drift check (`randkv.vllm.release.drift`): its rules on planted drift, no drift on any
+supported release (GPU-only ones from their wheels, fetched with --no-deps), and the vLLM
+0.32 / 0.34 breaks it exists for, each caught when checked the way RandKV's code used to
+expect."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from randkv.vllm import drift  # noqa: E402
-from randkv.vllm.touchpoints import Touch, attrs, call, either  # noqa: E402
-from randkv.vllm.versions import SUPPORTED  # noqa: E402
+from randkv.vllm.release import drift  # noqa: E402
+from randkv.vllm.release.touchpoints import Touch, attrs, call, either  # noqa: E402
+from randkv.vllm.release.versions import SUPPORTED  # noqa: E402
 
 # --------------------------------------------------------------------------- rules, planted
 
@@ -121,7 +122,7 @@ def test_every_vllm_import_of_randkv_is_in_a_checked_file():
 
 def _run_drift(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "randkv.vllm.drift", *args],
+        [sys.executable, "-m", "randkv.vllm.release.drift", *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -149,8 +150,8 @@ def test_no_drift_on_a_supported_release(release):
 # (written for 0.28.0) would have been checked with. Each must be reported.
 _HISTORY = """
 import inspect, json
-from randkv.vllm import drift
-from randkv.vllm.touchpoints import attrs
+from randkv.vllm.release import drift
+from randkv.vllm.release.touchpoints import attrs
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 
 def old_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
@@ -187,7 +188,7 @@ print("HISTORY " + json.dumps(found))
 
 
 def _history(release: str) -> dict:
-    from randkv.vllm.wheels import release_sources
+    from randkv.vllm.release.wheels import release_sources
 
     distribution, _, version = release.partition("==")
     import vllm

@@ -420,7 +420,7 @@ def test_the_timeline_counts_every_waiting_request(tiny_model_path, tmp_path, mo
     requests minus its running ones, whatever queues the release keeps them in (vLLM 0.32
     dropped `skipped_waiting` for two others)."""
     from randkv.vllm import LLM
-    from randkv.vllm.timeline import TIMELINE_ENV, read_timeline
+    from randkv.vllm.sched.timeline import TIMELINE_ENV, read_timeline
 
     path = tmp_path / "timeline.txt"
     monkeypatch.setenv(TIMELINE_ENV, str(path))

@@ -15,8 +15,8 @@ pytest.importorskip("vllm")
 
 from randkv import RandKVConfig  # noqa: E402
 from randkv.kernels.compactor import KVLayout  # noqa: E402
-from randkv.vllm import engine_args  # noqa: E402
 from randkv.vllm.class_swap import swap_class  # noqa: E402
+from randkv.vllm.entrypoints import engine_args  # noqa: E402
 from randkv.vllm.refusals import UnsupportedModeError  # noqa: E402
 
 
@@ -28,12 +28,12 @@ def test_importing_the_gpu_worker_leaves_torch_cuda_alone():
         import sys, torch
         before = (torch.cuda.Event, torch.cuda.Stream, torch.cuda.current_stream,
                   torch.Tensor.pin_memory)
-        import randkv.vllm.gpu_worker
+        import randkv.vllm.worker.gpu
         after = (torch.cuda.Event, torch.cuda.Stream, torch.cuda.current_stream,
                  torch.Tensor.pin_memory)
         print([a is b for a, b in zip(before, after)])
         print("vllm.v1.worker.cpu.shm" in sys.modules)
-        import randkv.vllm.worker  # the CPU worker does patch: the check above can fail
+        import randkv.vllm.worker.cpu  # the CPU worker does patch: the check above can fail
         print(torch.cuda.Event is before[0] and "vllm.v1.worker.cpu.shm" not in sys.modules)
         """
     )
@@ -61,7 +61,7 @@ def cuda_platform(monkeypatch):
 def _supported_runners() -> frozenset[str]:
     import vllm
 
-    from randkv.vllm.compat.runner import supported_runners
+    from randkv.vllm.release.compat.runner import supported_runners
 
     return supported_runners(vllm.__version__)
 
@@ -73,7 +73,7 @@ def test_on_cuda_randkv_takes_a_runner_it_supports_and_vllms_scheduling(cuda_pla
     import os
 
     kwargs = engine_args.randkv_engine_kwargs(RandKVConfig(), {"dtype": "bfloat16"})
-    assert kwargs["worker_cls"] == "randkv.vllm.gpu_worker.RandKVGPUWorker"
+    assert kwargs["worker_cls"] == "randkv.vllm.worker.gpu.RandKVGPUWorker"
     assert "async_scheduling" not in kwargs
     if "v2" in _supported_runners():
         assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
@@ -97,7 +97,7 @@ def test_v2_where_unsupported_is_refused_and_async_passes(cuda_platform, monkeyp
 def test_a_runner_the_release_row_does_not_list_is_refused(monkeypatch):
     import vllm
 
-    from randkv.vllm.compat.runner import check_runner_supported
+    from randkv.vllm.release.compat.runner import check_runner_supported
 
     monkeypatch.setattr(vllm, "__version__", "0.28.0")
     check_runner_supported("v1")
@@ -110,7 +110,7 @@ def test_a_runner_the_release_row_does_not_list_is_refused(monkeypatch):
 
 
 def test_an_unknown_runner_class_is_refused():
-    from randkv.vllm.runners import adopt_model_runner
+    from randkv.vllm.worker.runner_class import adopt_model_runner
 
     class SomePluginsRunner:
         pass
@@ -120,7 +120,7 @@ def test_an_unknown_runner_class_is_refused():
 
 
 def _layout(shape, block=16, groups=1):
-    from randkv.vllm.gpu_worker import gpu_kv_layout
+    from randkv.vllm.worker.gpu import gpu_kv_layout
 
     return gpu_kv_layout(shape, block, "FlashInferBackend", groups)
 
@@ -180,7 +180,7 @@ def test_class_swap_checks_the_exact_vllm_class():
 
 
 def _v1_runner(**attributes):
-    from randkv.vllm.runner_v1 import V1RunnerMixin
+    from randkv.vllm.worker.runner_v1 import V1RunnerMixin
 
     runner = types.SimpleNamespace(**attributes)
     runner.randkv_shared_kv_layers = types.MethodType(V1RunnerMixin.randkv_shared_kv_layers, runner)
@@ -189,7 +189,7 @@ def _v1_runner(**attributes):
 
 def test_layers_sharing_one_kv_cache_are_refused_at_setup():
     """vLLM's KV sharing lists one cache under two layers: two move sets, one memory."""
-    from randkv.vllm.runner_base import RandKVRunnerMixin
+    from randkv.vllm.worker.runner import RandKVRunnerMixin
 
     runner = _v1_runner(
         shared_kv_cache_layers={"model.layers.3.self_attn.attn": "model.layers.1.self_attn.attn"}
@@ -202,7 +202,7 @@ def test_setup_follows_vllms_pin_memory_setting(monkeypatch):
     import vllm.utils.platform_utils as platform_utils
 
     from randkv.kernels import hostsync
-    from randkv.vllm.runner_base import RandKVRunnerMixin
+    from randkv.vllm.worker.runner import RandKVRunnerMixin
 
     monkeypatch.setattr(hostsync, "_pin_memory", True)
     monkeypatch.setattr(platform_utils, "is_pin_memory_available", lambda: False)
@@ -217,7 +217,7 @@ def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch
 
     from randkv.kernels import planner as planner_module
     from randkv.kernels.planner import RoundPlanner
-    from randkv.vllm.gpu_worker import RandKVGPUWorker, randkv_memory_reserve
+    from randkv.vllm.worker.gpu import RandKVGPUWorker, randkv_memory_reserve
 
     config = RandKVConfig(budget=2048, buffer_size=64)
     sites = 36 * 8
@@ -231,7 +231,7 @@ def test_the_gpu_worker_keeps_the_planners_peak_out_of_the_kv_budget(monkeypatch
 
 
 def test_start_up_warmup_falls_back_to_the_torch_planner_if_triton_fails():
-    from randkv.vllm.gpu_worker import randkv_warmup
+    from randkv.vllm.worker.gpu import randkv_warmup
 
     class Planner:
         config = RandKVConfig()

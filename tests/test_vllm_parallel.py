@@ -55,8 +55,8 @@ ROUTER_KEY = "conversation-42"
 
 
 def test_kv_cache_layer_indices_are_global():
-    from randkv.vllm.engine_args import UnsupportedModeError
-    from randkv.vllm.parallel import kv_cache_layer_indices
+    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError
+    from randkv.vllm.worker.parallel import kv_cache_layer_indices
 
     # A second pipeline stage of a 36-layer model holds layers 18..35 under their own names.
     names = [f"model.layers.{i}.self_attn.attn" for i in (35, 18, 19, 27)]
@@ -78,7 +78,7 @@ def test_kv_cache_layer_indices_are_global():
     ],
 )
 def test_kv_head_shard_follows_vllm(tp_size, total, local, heads, counting):
-    from randkv.vllm.parallel import kv_head_shard
+    from randkv.vllm.worker.parallel import kv_head_shard
 
     shards = [kv_head_shard(rank, tp_size, total, local) for rank in range(tp_size)]
     assert [s.heads for s in shards] == heads
@@ -89,8 +89,8 @@ def test_kv_head_shard_follows_vllm(tp_size, total, local, heads, counting):
 
 
 def test_kv_head_shard_refuses_a_mismatch():
-    from randkv.vllm.engine_args import UnsupportedModeError
-    from randkv.vllm.parallel import kv_head_shard
+    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError
+    from randkv.vllm.worker.parallel import kv_head_shard
 
     with pytest.raises(UnsupportedModeError, match="8 KV heads over 2 ranks"):
         kv_head_shard(0, 2, 8, 8)
@@ -105,7 +105,7 @@ def _cpu_vec_caches(layers: int, heads: int, blocks: int, head_dim: int) -> list
 def test_pipeline_and_tensor_parallel_shards_compact_slices_of_one_device():
     """2 pipeline stages x 2 TP ranks, keyed as the worker keys them (from vLLM layer names),
     end with exactly the KV of one device after several rounds, on vLLM's CPU layout."""
-    from randkv.vllm.parallel import kv_cache_layer_indices, kv_head_shard
+    from randkv.vllm.worker.parallel import kv_cache_layer_indices, kv_head_shard
 
     num_layers, num_heads, head_dim, tp = 4, 4, 8, 2
     prompts, keys = [10, 30], [7, 2**64 - 3]
@@ -143,7 +143,7 @@ def test_pipeline_and_tensor_parallel_shards_compact_slices_of_one_device():
 def test_lockstep_data_parallel_is_refused():
     from types import SimpleNamespace
 
-    from randkv.vllm.engine_args import UnsupportedModeError, check_engine_supported
+    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError, check_engine_supported
 
     model = SimpleNamespace(get_sliding_window=lambda: None)
     parallel = SimpleNamespace(pipeline_parallel_size=1, data_parallel_size=2)
@@ -324,7 +324,7 @@ def test_tp2_ranks_together_retain_the_positions_of_tp1(runs):
         assert len(tp2_slots) == 2 and all(len(heads) == 4 for heads in tp2_slots)
         assert tp2_slots == tp1_slots
     # Independent oracle: the spec, for the request whose key the router pinned.
-    from randkv.vllm.request_key import derive_request_key
+    from randkv.vllm.sched.request_identity import derive_request_key
 
     output = runs[2]["outputs"][3]
     prompt = list(output.prompt_token_ids)

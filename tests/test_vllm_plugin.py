@@ -52,8 +52,8 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     from v2_runner import v2_requested
 
     from randkv.vllm import LLM
-    from randkv.vllm.runners import qualified_name
-    from randkv.vllm.scheduler import RandKVScheduler
+    from randkv.vllm.sched.scheduler import RandKVScheduler
+    from randkv.vllm.worker.runner_class import qualified_name
 
     stock = vllm.LLM(
         model=tiny_model_path,
@@ -88,8 +88,8 @@ def test_the_budget_is_parsed_once_from_additional_config_to_the_planner(
     object; in other processes, its pickled copy)."""
     import vllm
 
-    from randkv.vllm.messages import RandKVSchedulerOutput
     from randkv.vllm.options import RandKVAdditionalConfig
+    from randkv.vllm.sched.output import RandKVSchedulerOutput
 
     parses = []
     validate = RandKVConfig.__post_init__
@@ -197,7 +197,7 @@ def test_the_metrics_warning_is_logged_once(monkeypatch):
         logging.getLogger("vllm.randkv.plugin").removeHandler(handler)
     assert len(records) == 1
     assert "PROMETHEUS_MULTIPROC_DIR" in records[0].getMessage()
-    assert args.scheduler_cls == "randkv.vllm.scheduler.RandKVScheduler"
+    assert args.scheduler_cls == "randkv.vllm.sched.scheduler.RandKVScheduler"
     # The options are parsed once and replaced by their RandKVConfig.
     assert args.additional_config["randkv"] == RandKVConfig(budget=64)
 
@@ -234,7 +234,7 @@ def test_the_front_door_passes_requests_through_without_randkv():
     built it) gets the request through untouched, however long."""
     import types
 
-    from randkv.vllm import front_door
+    from randkv.vllm.entrypoints import front_door
     from randkv.vllm.options import RandKVAdditionalConfig
 
     calls = []

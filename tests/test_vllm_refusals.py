@@ -10,7 +10,7 @@ pytest.importorskip("vllm")
 
 from randkv import RandKVConfig  # noqa: E402
 from randkv.vllm import randkv_engine_kwargs  # noqa: E402
-from randkv.vllm.engine_args import UnsupportedModeError  # noqa: E402
+from randkv.vllm.entrypoints.engine_args import UnsupportedModeError  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_cpu_attention_kernels_that_pack_kv_otherwise_are_refused(engine):
     """The running engine's own attention layers, with the ISA set where the release keeps
     it (the layer from vLLM 0.32, its kernel object in 0.28): only vec/vec16 pass."""
     from randkv.kernels.compactor import KVLayout
-    from randkv.vllm.compat.cpu_attention import attention_isa
+    from randkv.vllm.release.compat.cpu_attention import attention_isa
 
     worker = engine.llm_engine.model_executor.driver_worker.worker
     context = worker.vllm_config.compilation_config.static_forward_context

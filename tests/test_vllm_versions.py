@@ -18,8 +18,8 @@ pytest.importorskip("vllm")
 from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
-from randkv.vllm import support, versions  # noqa: E402
-from randkv.vllm.versions import SUPPORTED, UnsupportedVLLMError  # noqa: E402
+from randkv.vllm.release import support, versions  # noqa: E402
+from randkv.vllm.release.versions import SUPPORTED, UnsupportedVLLMError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def test_the_opt_in_runs_after_a_clean_drift_check_with_a_warning(unreleased, mo
 
 
 def test_the_opt_in_refuses_a_release_that_drifted(unreleased, monkeypatch):
-    from randkv.vllm import drift
-    from randkv.vllm.touchpoints import attrs
+    from randkv.vllm.release import drift
+    from randkv.vllm.release.touchpoints import attrs
 
     moved = attrs("vllm.v1.core.sched.scheduler:Scheduler", "an_attribute_vllm_removed")
     monkeypatch.setattr(drift, "TOUCHPOINTS", (*drift.TOUCHPOINTS, moved))
@@ -120,7 +120,7 @@ def test_setups_version_check_command():
 
     def run(version: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "randkv.vllm.support", "--require-installed", version],
+            [sys.executable, "-m", "randkv.vllm.release.support", "--require-installed", version],
             capture_output=True,
             text=True,
             timeout=300,

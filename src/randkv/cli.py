@@ -223,7 +223,7 @@ def _serve(argv: list[str]) -> None:
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         _prometheus_dir = tempfile.TemporaryDirectory(prefix="randkv-prometheus-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = _prometheus_dir.name
-    from randkv.vllm import serve
+    from randkv.vllm.entrypoints import serve
 
     serve.main(argv)
 

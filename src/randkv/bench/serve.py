@@ -37,7 +37,7 @@ from randkv.bench.server import Server, running_server
 from randkv.bench.timing import machine_info
 from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
 from randkv.spec.config import RandKVConfig
-from randkv.vllm.timeline import (
+from randkv.vllm.sched.timeline import (
     TIMELINE_ENV,
     TimelineScheduler,
     read_timeline,

@@ -48,8 +48,8 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.v1.attention.selector import get_attn_backend
 
-    from randkv.vllm.gpu_worker import gpu_kv_layout
     from randkv.vllm.refusals import UnsupportedModeError
+    from randkv.vllm.worker.gpu import gpu_kv_layout
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with set_current_vllm_config(VllmConfig()):
@@ -118,7 +118,7 @@ def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -
     if torch.cuda.is_available():
         block_size = 16  # FlashAttention's kernel block size (gpus.md)
     else:
-        from randkv.vllm.compat.cpu_attention import cpu_block_size
+        from randkv.vllm.release.compat.cpu_attention import cpu_block_size
 
         block_size = cpu_block_size()  # 32 from vLLM 0.32
     common = {

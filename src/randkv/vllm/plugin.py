@@ -9,11 +9,11 @@ where a deployment's options become its configuration: when the options carry "r
 `additional_config`, the wrap parses them once into a `RandKVConfig`, fills in RandKV's
 scheduler, the worker for the platform, synchronous scheduling and vLLM's V1 model runner (a
 user's contrary choice is refused with the setting to change), installs RandKV's front-door
-checks (`randkv.vllm.front_door`), and leaves the parsed config on the `VllmConfig` it
+checks (`randkv.vllm.entrypoints.front_door`), and leaves the parsed config on the `VllmConfig` it
 returns, where every engine process reads it (`randkv.vllm.options`). Without "randkv" the
 wrap passes straight through, under any vLLM. Under a vLLM release RandKV does not support
-(`randkv.vllm.versions`), asking for RandKV fails with the supported releases and the command
-that installs one, never silently serves plain vLLM.
+(`randkv.vllm.release.versions`), asking for RandKV fails with the supported releases and
+the command that installs one, never silently serves plain vLLM.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def apply_to_engine_args(engine_args: Any, *, serving: bool = True) -> RandKVCon
     config = RandKVConfig.coerce(options)  # the one parse (a RandKVConfig passes as it is)
     if config is None:
         return None
-    from randkv.vllm.support import check_vllm_version
+    from randkv.vllm.release.support import check_vllm_version
 
     check_vllm_version()  # refuses an unsupported release before anything else happens
-    from randkv.vllm import front_door
-    from randkv.vllm.engine_args import (
+    from randkv.vllm.entrypoints import front_door
+    from randkv.vllm.entrypoints.engine_args import (
         INSTALLED_ENGINE_ARGS,
         SCHEDULER_CLS,
         randkv_engine_kwargs,

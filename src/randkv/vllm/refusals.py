@@ -134,6 +134,13 @@ def refused_modes(vllm_config: Any) -> list[str]:
     return [refusal.what for refusal in REFUSALS if refusal.detect(vllm_config)]
 
 
+def check_engine_supported(vllm_config: Any) -> None:
+    """Refuse engine configurations RandKV cannot serve; runs in the engine process."""
+    problems = refused_modes(vllm_config)
+    if problems:
+        raise UnsupportedModeError("RandKV does not support: " + "; ".join(problems))
+
+
 def refuse_shared_kv_layers(shared_kv_cache_layers: dict[str, str]) -> None:
     """Refuse vLLM's cross-layer KV sharing (a layer reading another layer's cache).
 

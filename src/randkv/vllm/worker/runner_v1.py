@@ -4,7 +4,7 @@ CPU subclass; vLLM 0.28 and 0.32, removed in 0.34).
 Two seams: the worker's copy of each request's block ids and its block table rows, trimmed
 when a round frees tail blocks, and `_prepare_inputs`, after which attention's slot mapping
 and sequence lengths are rewritten to physical values while RoPE keeps absolute positions.
-Imports no vLLM runner module: `randkv.vllm.runners` combines this mixin with the runner
+Imports no vLLM runner module: `randkv.vllm.worker.runner_class` combines this mixin with the runner
 class the engine built.
 """
 
@@ -16,10 +16,10 @@ import torch
 
 from randkv.kernels.hostsync import host_to_device
 from randkv.spec.cadence import physical_lengths, rounds_completed
-from randkv.vllm.messages import RoundDirective
-from randkv.vllm.parallel import kv_cache_layer_indices
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.runner_base import RandKVRunnerMixin
+from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.parallel import kv_cache_layer_indices
+from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 
 class V1RunnerMixin(RandKVRunnerMixin):

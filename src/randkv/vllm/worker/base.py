@@ -14,11 +14,11 @@ from typing import Any
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from randkv.kernels.compactor import KVLayout
-from randkv.vllm.kv_spec import EVERY_LAYER_SLIDES, bounded_spec, is_window_spec
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.runner_base import TRACK_POSITIONS_ENV, RequestRecord, logger
-from randkv.vllm.runners import adopt_model_runner
+from randkv.vllm.sched.kv_groups import EVERY_LAYER_SLIDES, bounded_spec, is_window_spec
+from randkv.vllm.worker.runner import TRACK_POSITIONS_ENV, RequestRecord, logger
+from randkv.vllm.worker.runner_class import adopt_model_runner
 
 __all__ = ["TRACK_POSITIONS_ENV", "RandKVWorkerMixin", "RequestRecord", "logger"]
 

@@ -18,14 +18,14 @@ device only, per-request block counts on the host), and per-step inputs in persi
 - **Sliding-window groups** (mixed models): their slots come from the absolute positions
   (vLLM's own mapping, computed first into RandKV's buffer and copied over the physical one
   for those rows), and their metadata builders get the absolute lengths back
-  (`randkv.vllm.window_lengths`); only the full-attention group reads physical ones.
+  (`randkv.vllm.worker.window_lengths`); only the full-attention group reads physical ones.
 - **Sampling.** vLLM's sampler decides whether a row emits a token by comparing the batch's
   `seq_lens` with the request's absolute prefill length, so `sample()` gets the absolute
   lengths back. A request resumed after preemption re-prefills more than K + 2r tokens and
   must still emit tokens.
 
 Imports no vLLM runner module at import time (0.28 has no such V2 code path for RandKV);
-`randkv.vllm.runners` combines this mixin with the runner class the engine built.
+`randkv.vllm.worker.runner_class` combines this mixin with the runner class the engine built.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 
 from randkv.kernels.hostsync import host_to_device
 from randkv.spec.cadence import physical_lengths, rounds_completed
-from randkv.vllm.messages import RoundDirective
-from randkv.vllm.parallel import kv_cache_layer_indices
-from randkv.vllm.runner_base import RandKVRunnerMixin
+from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.parallel import kv_cache_layer_indices
+from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 
 @dataclasses.dataclass

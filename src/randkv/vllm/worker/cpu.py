@@ -1,6 +1,6 @@
 """RandKV's vLLM CPU worker (`worker_cls="randkv.vllm.worker.RandKVCPUWorker"`).
 
-The GPU worker lives in `randkv.vllm.gpu_worker`: importing this module imports vLLM's CPU
+The GPU worker lives in `randkv.vllm.worker.gpu`: importing this module imports vLLM's CPU
 worker package, which patches torch's CUDA API process-wide.
 """
 
@@ -10,9 +10,9 @@ import torch
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from randkv.kernels.compactor import KVLayout
-from randkv.vllm.compat.cpu_attention import VEC_ISAS, attention_isas
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker_base import (
+from randkv.vllm.release.compat.cpu_attention import VEC_ISAS, attention_isas
+from randkv.vllm.worker.base import (
     TRACK_POSITIONS_ENV,
     RandKVWorkerMixin,
     RequestRecord,
@@ -50,7 +50,7 @@ def cpu_kv_layout(isas: dict[str, str | None]) -> KVLayout:
         raise UnsupportedModeError(
             "RandKV cannot tell which CPU attention kernel this vLLM uses (no ISA found on "
             f"layers {unknown[:3]}), so it cannot know how KV is packed; this vLLM release "
-            "is not supported (see randkv.vllm.versions)"
+            "is not supported (see randkv.vllm.release.versions)"
         )
     found = set(isas.values())
     if not found <= VEC_ISAS:

@@ -1,8 +1,8 @@
-"""RandKV's vLLM GPU worker (`worker_cls="randkv.vllm.gpu_worker.RandKVGPUWorker"`).
+"""RandKV's vLLM GPU worker (`worker_cls="randkv.vllm.worker.gpu.RandKVGPUWorker"`).
 
-Never imports `vllm.v1.worker.cpu_*` (see `randkv.vllm.worker_base`), nor a model runner
-module (`randkv.vllm.runners` picks RandKV's runner for the one vLLM built). Supported KV
-layouts: vLLM's FlashAttention / FlashInfer / Triton attention backends, logical shape
+Never imports `vllm.v1.worker.cpu_*` (see `randkv.vllm.worker.base`), nor a model runner
+module (`randkv.vllm.worker.runner_class` picks RandKV's runner for the one vLLM built).
+Supported KV layouts: vLLM's FlashAttention / FlashInfer / Triton attention backends, logical shape
 (num_blocks, num_kv_heads, block_size, 2 * head_size) in NHD or HND stride order, or split
 K/V (2, num_blocks, block_size, num_kv_heads, head_size), one kernel block per allocation
 block. Anything else is refused at start-up.
@@ -16,7 +16,7 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.kernels.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker_base import RandKVWorkerMixin, logger
+from randkv.vllm.worker.base import RandKVWorkerMixin, logger
 
 __all__ = ["GPURunnerMixin", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
 

@@ -114,8 +114,8 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         raise SystemExit(f"randkv serve: {error}") from error
 
-    from randkv.vllm.compat.entrypoints import find_cli_env_setup
-    from randkv.vllm.engine_args import UnsupportedModeError
+    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError
+    from randkv.vllm.release.compat.entrypoints import find_cli_env_setup
 
     find_cli_env_setup()()
     parser, command = build_serve_parser()

@@ -1,10 +1,11 @@
-"""Whether RandKV may run on the installed vLLM, and `python -m randkv.vllm.support`.
+"""Whether RandKV may run on the installed vLLM, and `python -m randkv.vllm.release.support`.
 
-A release in `randkv.vllm.versions.SUPPORTED` may. Any other is refused with the supported
-releases and the command that installs one; `RANDKV_ALLOW_UNVERIFIED_VLLM=1` lets a user try
-it anyway: RandKV then runs the drift check (`randkv.vllm.drift`) against it first, refuses on
-any difference, and logs a warning (what was checked is not what was tested). A user never
-gets plain vLLM where RandKV was asked for, and is never stuck without a way to try.
+A release in `randkv.vllm.release.versions.SUPPORTED` may. Any other is refused with the
+supported releases and the command that installs one; `RANDKV_ALLOW_UNVERIFIED_VLLM=1` lets a
+user try it anyway: RandKV then runs the drift check (`randkv.vllm.release.drift`) against it
+first, refuses on any difference, and logs a warning (what was checked is not what was
+tested). A user never gets plain vLLM where RandKV was asked for, and is never stuck without a
+way to try.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 
-from randkv.vllm.versions import (
+from randkv.vllm.release.versions import (
     ALLOW_UNVERIFIED_ENV,
     UnsupportedVLLMError,
     base_version,
@@ -56,7 +57,7 @@ def check_vllm_version() -> str:
 
 
 def _check_unverified(version: str) -> None:
-    from randkv.vllm.drift import drift_problems
+    from randkv.vllm.release.drift import drift_problems
 
     problems = drift_problems()
     if problems:
@@ -78,7 +79,7 @@ def _check_unverified(version: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m randkv.vllm.support")
+    parser = argparse.ArgumentParser(prog="python -m randkv.vllm.release.support")
     parser.add_argument(
         "--require-installed",
         metavar="VERSION",
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the README's table")
     args = parser.parse_args(argv)
     if args.markdown:
-        from randkv.vllm.versions import markdown_table
+        from randkv.vllm.release.versions import markdown_table
 
         print(markdown_table())
         return 0

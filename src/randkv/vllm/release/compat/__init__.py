@@ -2,7 +2,7 @@
 
 RandKV's scheduler and workers call these instead of testing versions. Each reads what the
 running release has (by name, not by version number), so a release that moves a thing again
-fails a `randkv.vllm.drift` check before it can change a decision:
+fails a `randkv.vllm.release.drift` check before it can change a decision:
 
 - `cpu_attention`: the ISA of vLLM's CPU attention kernels (on the kernel object up to 0.28,
   on the attention layer from 0.32).

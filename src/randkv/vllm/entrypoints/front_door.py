@@ -37,7 +37,7 @@ from vllm.logger import init_logger
 
 from randkv.spec.config import PromptTooLongError, RandKVConfig, RequestBudgetError
 from randkv.vllm.options import config_from_vllm
-from randkv.vllm.request_key import check_request_fields, requested_budget
+from randkv.vllm.sched.request_identity import check_request_fields, requested_budget
 
 logger = init_logger("vllm.randkv.front_door")
 
@@ -197,7 +197,7 @@ def install(config: RandKVConfig) -> None:
         method = getattr(cls, name)
         if not getattr(method, "__randkv_wrapped__", False):
             setattr(cls, name, _checked_at_call(method, check))
-    from randkv.vllm.compat.entrypoints import add_app_middleware
+    from randkv.vllm.release.compat.entrypoints import add_app_middleware
 
     add_app_middleware(RandKVRequestFields, config=config)
 

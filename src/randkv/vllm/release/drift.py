@@ -2,8 +2,8 @@
 
 Run it before a user does, against any release whose Python modules import here:
 
-    python -m randkv.vllm.drift                          # the installed vLLM
-    python -m randkv.vllm.drift --release vllm==0.34.0   # a wheel, fetched with --no-deps
+    python -m randkv.vllm.release.drift                          # the installed vLLM
+    python -m randkv.vllm.release.drift --release vllm==0.34.0   # a wheel, fetched with --no-deps
 
 It imports every `randkv.vllm` module under that vLLM, then checks three things and lists
 each difference (an empty list: no drift):
@@ -15,11 +15,11 @@ each difference (an empty list: no drift):
    each vLLM runner class RandKV uses there) still exists in vLLM, unless it is RandKV's own
    (`randkv_*`), and accepts every parameter vLLM's method has: a keyword vLLM adds to a
    method RandKV overrides fails here, not at a user's first request.
-3. **Touch points** (`randkv.vllm.touchpoints`): attributes RandKV reads, calls it makes
+3. **Touch points** (`randkv.vllm.release.touchpoints`): attributes RandKV reads, calls it makes
    with keywords, dataclass fields, attributes vLLM sets on other objects.
 
 Checks apply where RandKV uses them: runner-specific ones where the release runs that
-runner, platform-specific ones on that platform (`randkv.vllm.versions`).
+runner, platform-specific ones on that platform (`randkv.vllm.release.versions`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from randkv.vllm.touchpoints import TOUCHPOINTS, Touch
-from randkv.vllm.versions import SUPPORTED, base_version
+from randkv.vllm.release.touchpoints import TOUCHPOINTS, Touch
+from randkv.vllm.release.versions import SUPPORTED, base_version
 
-RANDKV_VLLM = Path(__file__).resolve().parent
+RANDKV_VLLM = Path(__file__).resolve().parents[1]
 
 #: RandKV modules that only one model runner uses: their vLLM imports and overrides are
 #: checked where that runner is used.
-RUNNER_MODULES = {"randkv.vllm.runner_v1": "v1", "randkv.vllm.runner_v2": "v2"}
+RUNNER_MODULES = {"randkv.vllm.worker.runner_v1": "v1", "randkv.vllm.worker.runner_v2": "v2"}
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def _randkv_subclasses() -> Iterator[tuple[type, type]]:
 
 def runner_problems(scope: Scope) -> list[str]:
     """RandKV's runner mixins against every vLLM runner class they are combined with."""
-    from randkv.vllm.runners import VLLM_RUNNERS, _runner_mixin, randkv_runner_class
+    from randkv.vllm.worker.runner_class import VLLM_RUNNERS, _runner_mixin, randkv_runner_class
 
     problems = []
     for qualified, kind in VLLM_RUNNERS.items():
@@ -457,7 +457,7 @@ def environment_problem() -> str | None:
     from vllm.platforms import current_platform
 
     from randkv.spec.config import RandKVConfig
-    from randkv.vllm.engine_args import randkv_engine_kwargs
+    from randkv.vllm.entrypoints.engine_args import randkv_engine_kwargs
 
     validate = getattr(current_platform, "validate_environ", None)
     if validate is None:
@@ -522,7 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     import subprocess
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m randkv.vllm.drift", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m randkv.vllm.release.drift", description=__doc__
+    )
     parser.add_argument(
         "--release",
         metavar="DIST==VERSION",
@@ -532,14 +534,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distribution", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.release:
-        from randkv.vllm.wheels import release_sources
+        from randkv.vllm.release.wheels import release_sources
 
         distribution, _, version = args.release.partition("==")
         path = release_sources(distribution, version)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(path), os.environ.get("PYTHONPATH")])
         )}  # fmt: skip
-        command = [sys.executable, "-m", "randkv.vllm.drift", "--distribution", distribution]
+        module = "randkv.vllm.release.drift"
+        command = [sys.executable, "-m", module, "--distribution", distribution]
         return subprocess.run(command, env=env, check=False).returncode
     import vllm
 

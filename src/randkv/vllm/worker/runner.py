@@ -2,8 +2,8 @@
 forward pass, per-request records, statistics.
 
 The parts that depend on vLLM's model runner (where block tables and attention inputs live)
-are in `randkv.vllm.runner_v1` and `randkv.vllm.runner_v2`, the platform parts in
-`randkv.vllm.worker` (CPU) and `randkv.vllm.gpu_worker` (GPU); `randkv.vllm.runners`
+are in `randkv.vllm.worker.runner_v1` and `randkv.vllm.worker.runner_v2`, the platform parts in
+`randkv.vllm.worker.cpu` (CPU) and `randkv.vllm.worker.gpu` (GPU); `randkv.vllm.worker.runner_class`
 assembles a runner class from them for the vLLM runner an engine built.
 
 This module must never import `vllm.v1.worker.cpu_*` (directly or through another module):
@@ -30,13 +30,13 @@ from randkv.kernels.planner import RoundPlanner
 from randkv.kernels.slotmap import SlotPositionMap
 from randkv.spec.cadence import physical_lengths
 from randkv.spec.config import RandKVConfig
-from randkv.vllm.kv_spec import kv_group_layout
-from randkv.vllm.messages import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
 from randkv.vllm.metrics import RandKVRecorder, Source
-from randkv.vllm.parallel import kv_head_shard
 from randkv.vllm.refusals import refuse_shared_kv_layers
-from randkv.vllm.timing import RoundTimer
-from randkv.vllm.window_lengths import WindowLengths, give_absolute_lengths
+from randkv.vllm.sched.kv_groups import kv_group_layout
+from randkv.vllm.sched.output import RandKVSchedulerOutput, RandKVStepPlan, RoundDirective
+from randkv.vllm.worker.parallel import kv_head_shard
+from randkv.vllm.worker.round_timer import RoundTimer
+from randkv.vllm.worker.window_lengths import WindowLengths, give_absolute_lengths
 
 logger = init_logger("vllm.randkv.worker")
 
@@ -169,7 +169,7 @@ class RandKVRunnerMixin:
                 # Skipping a round on one rank would silently desynchronize its KV heads.
                 raise RuntimeError(
                     "RandKV: this step's plan (RandKVSchedulerOutput) did not reach the "
-                    "worker; the engine must run randkv.vllm.scheduler.RandKVScheduler"
+                    "worker; the engine must run randkv.vllm.sched.scheduler.RandKVScheduler"
                 )
             return
         plan = scheduler_output.randkv

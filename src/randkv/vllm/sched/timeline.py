@@ -15,8 +15,8 @@ from typing import Any, TextIO
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from randkv.vllm.compat.queues import num_waiting
-from randkv.vllm.scheduling_mode import FollowsSchedulingMode
+from randkv.vllm.release.compat.queues import num_waiting
+from randkv.vllm.sched.scheduling_mode import FollowsSchedulingMode
 
 TIMELINE_ENV = "RANDKV_TIMELINE"
 

@@ -36,10 +36,10 @@ def runner_kind(runner_cls: type) -> str | None:
 
 def _runner_mixin(kind: str) -> type:
     if kind == "v1":
-        from randkv.vllm.runner_v1 import V1RunnerMixin
+        from randkv.vllm.worker.runner_v1 import V1RunnerMixin
 
         return V1RunnerMixin
-    from randkv.vllm.runner_v2 import V2RunnerMixin
+    from randkv.vllm.worker.runner_v2 import V2RunnerMixin
 
     return V2RunnerMixin
 
@@ -58,7 +58,7 @@ def randkv_runner_class(vllm_runner_cls: type, platform_mixins: tuple[type, ...]
 
 def adopt_model_runner(runner: Any, platform_mixins: tuple[type, ...] = ()) -> str:
     """Give a runner vLLM built RandKV's methods; returns its kind ("v1" or "v2")."""
-    from randkv.vllm.compat.runner import check_runner_supported
+    from randkv.vllm.release.compat.runner import check_runner_supported
 
     vllm_cls = type(runner)
     if getattr(vllm_cls, "randkv_runner_kind", None):  # already adopted (worker re-init)

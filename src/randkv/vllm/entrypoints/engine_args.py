@@ -6,23 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from randkv.spec.config import RandKVConfig
-from randkv.vllm.compat.runner import ask_for_supported_runner
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
-from randkv.vllm.refusals import (
-    UnsupportedModeError,
-    refuse_engine_kwargs,
-    refused_modes,
-)
+from randkv.vllm.refusals import UnsupportedModeError, refuse_engine_kwargs
+from randkv.vllm.release.compat.runner import ask_for_supported_runner
 
-__all__ = [
-    "UnsupportedModeError",
-    "check_engine_supported",
-    "randkv_engine_kwargs",
-]
+__all__ = ["UnsupportedModeError", "randkv_engine_kwargs"]
 
-SCHEDULER_CLS = "randkv.vllm.scheduler.RandKVScheduler"
+SCHEDULER_CLS = "randkv.vllm.sched.scheduler.RandKVScheduler"
 CPU_WORKER_CLS = "randkv.vllm.worker.RandKVCPUWorker"
-GPU_WORKER_CLS = "randkv.vllm.gpu_worker.RandKVGPUWorker"
+GPU_WORKER_CLS = "randkv.vllm.worker.gpu.RandKVGPUWorker"
 
 #: Engine arguments RandKV fills in itself (the last one only where vLLM has it: 0.34).
 INSTALLED_ENGINE_ARGS = (
@@ -69,10 +61,3 @@ def randkv_engine_kwargs(randkv: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     additional[ADDITIONAL_CONFIG_KEY] = config
     out["additional_config"] = additional
     return out
-
-
-def check_engine_supported(vllm_config: Any) -> None:
-    """Refuse engine configurations RandKV cannot serve; runs in the engine process."""
-    problems = refused_modes(vllm_config)
-    if problems:
-        raise UnsupportedModeError("RandKV does not support: " + "; ".join(problems))

@@ -3,7 +3,7 @@
 vLLM 0.28 and 0.32 ship two model runners, V1 (`vllm.v1.worker.gpu_model_runner`) and V2
 (`vllm.v1.worker.gpu.model_runner`), picked from `VLLM_USE_V2_MODEL_RUNNER` and the platform
 (V2 by default on CUDA); 0.34 has only V2 and refuses the variable set to anything but 1.
-RandKV runs on the runners its release row lists (`randkv.vllm.versions`): where that is V1
+RandKV runs on the runners its release row lists (`randkv.vllm.release.versions`): where that is V1
 only (0.28), it asks vLLM for V1; elsewhere it takes vLLM's own choice.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.versions import SUPPORTED, base_version
+from randkv.vllm.release.versions import SUPPORTED, base_version
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
@@ -43,7 +43,7 @@ def ask_for_supported_runner() -> None:
         raise UnsupportedModeError(
             f"RandKV runs on vLLM {_installed_version()}'s V1 model runner only, but "
             f"{V2_RUNNER_ENV}={value} asks for V2; set {V2_RUNNER_ENV}=0 (or unset it), or "
-            "use a vLLM release RandKV supports on V2 (see randkv.vllm.versions)"
+            "use a vLLM release RandKV supports on V2 (see randkv.vllm.release.versions)"
         )
     os.environ[V2_RUNNER_ENV] = "0"
     from vllm import envs

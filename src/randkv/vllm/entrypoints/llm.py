@@ -7,10 +7,10 @@ from typing import Any
 import vllm
 
 from randkv.spec.config import RandKVConfig
+from randkv.vllm.entrypoints.engine_ids import EngineRequestIds
 from randkv.vllm.metrics import merge_ranks
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.plugin import register
-from randkv.vllm.request_ids import EngineRequestIds
 
 
 class LLM(vllm.LLM):

@@ -1,6 +1,6 @@
 """Every vLLM internal RandKV relies on beyond what its own classes override, as data.
 
-`randkv.vllm.drift` checks these against a vLLM release, together with what it finds by
+`randkv.vllm.release.drift` checks these against a vLLM release, together with what it finds by
 itself: every `vllm` import in RandKV's source (an import inside `try: ... except
 ImportError` counts when one of its alternatives resolves), and every method RandKV's
 subclasses of vLLM classes override (it must still exist, and RandKV's signature must accept
@@ -8,8 +8,9 @@ every parameter vLLM's has). This table holds the rest: attributes RandKV reads 
 objects, calls it makes with keywords, dataclass fields, and attributes vLLM sets elsewhere.
 
 A row's `runner` / `platform` limit it to releases where RandKV uses that model runner or
-runs on that platform (`randkv.vllm.versions`). A row may list alternatives (`either`): it
-holds when one of them does (the places where releases differ, read by `randkv.vllm.compat`).
+runs on that platform (`randkv.vllm.release.versions`). A row may list alternatives
+(`either`): it holds when one of them does (the places where releases differ, read by
+`randkv.vllm.release.compat`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         why="RandKVScheduler reads them; the split hook is enabled through the flag",
     ),
     either(
-        "the timeline's count of waiting requests (randkv.vllm.compat.queues)",
+        "the timeline's count of waiting requests (randkv.vllm.release.compat.queues)",
         attrs(SCHED, "get_request_counts"),
         attrs(SCHED, "skipped_waiting"),
     ),
@@ -226,7 +227,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         platform="cpu",
     ),
     either(
-        "the CPU attention kernels' ISA (randkv.vllm.compat.cpu_attention)",
+        "the CPU attention kernels' ISA (randkv.vllm.release.compat.cpu_attention)",
         Touch("assigns", "vllm.v1.attention.backends.cpu_attn", ("isa",)),
         attrs("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl", "isa"),
         platform="cpu",
@@ -267,7 +268,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         runner="v1",
     ),  # fmt: skip
     attrs("vllm.v1.worker.gpu_input_batch:CachedRequestState", "block_ids", runner="v1"),
-    # A mixed model's window groups get absolute lengths back (randkv.vllm.window_lengths),
+    # A mixed model's window groups get absolute lengths back (randkv.vllm.worker.window_lengths),
     # on either runner.
     attrs("vllm.v1.worker.utils:AttentionGroup", "metadata_builders"),
     Touch(
@@ -345,7 +346,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         "parameters",
         "vllm.v1.engine.async_llm:AsyncLLM.generate",
         ("prompt", "sampling_params", "request_id"),
-        why="every generating route's call into the engine (randkv.vllm.front_door)",
+        why="every generating route's call into the engine (randkv.vllm.entrypoints.front_door)",
     ),
     Touch(
         "parameters",
@@ -360,7 +361,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
     ),
     attrs("vllm.v1.engine.async_llm:AsyncLLM", "vllm_config", "model_config"),
     either(
-        "where the API server app gets its middleware (randkv.vllm.compat.entrypoints)",
+        "where the API server app gets its middleware (randkv.vllm.release.compat.entrypoints)",
         attrs("vllm.entrypoints.launchers.app", "init_entrypoints_middleware"),
         attrs("vllm.entrypoints.openai.api_server", "build_app"),
     ),

@@ -3,11 +3,11 @@
 RandKV subclasses vLLM's scheduler and worker and reads some of their internals, which change
 between releases. Each release below was checked as its row says: engine tests on CPU (the
 whole RandKV test suite against the real engine), or, for GPU-only releases no machine here
-can run, the drift check (`randkv.vllm.drift`: every RandKV module imports, and every vLLM
+can run, the drift check (`randkv.vllm.release.drift`: every RandKV module imports, and every vLLM
 method, signature and attribute RandKV relies on is where RandKV expects it).
 
-The version check (`randkv.vllm.support`), the plugin, the refusal message, `make setup`, the
-package extras and the README all read this table.
+The version check (`randkv.vllm.release.support`), the plugin, the refusal message, `make
+setup`, the package extras and the README all read this table.
 
 Imports neither vLLM nor torch.
 """

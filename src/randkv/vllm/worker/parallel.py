@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from randkv.vllm.engine_args import UnsupportedModeError
+from randkv.vllm.refusals import UnsupportedModeError
 
 
 def kv_cache_layer_indices(layer_names: Iterable[str]) -> list[int]:

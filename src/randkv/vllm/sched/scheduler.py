@@ -21,19 +21,19 @@ from vllm.v1.request import Request, RequestStatus
 from randkv.spec import num_rounds, physical_length
 from randkv.spec.config import PromptTooLongError, RandKVConfig
 from randkv.vllm.class_swap import swap_class
-from randkv.vllm.engine_args import check_engine_supported
-from randkv.vllm.kv_spec import KVGroupLayout, kv_group_layout
-from randkv.vllm.messages import (
+from randkv.vllm.metrics import RandKVRecorder, Source
+from randkv.vllm.options import NO_CONFIG, config_from_vllm
+from randkv.vllm.refusals import check_engine_supported
+from randkv.vllm.sched.kv_groups import KVGroupLayout, kv_group_layout
+from randkv.vllm.sched.output import (
     RandKVSchedulerOutput,
     RandKVStepPlan,
     RoundDirective,
     with_plan,
 )
-from randkv.vllm.metrics import RandKVRecorder, Source
-from randkv.vllm.options import NO_CONFIG, config_from_vllm
-from randkv.vllm.request_key import derive_request_key, request_config
-from randkv.vllm.scheduling_mode import FollowsSchedulingMode
-from randkv.vllm.timeline import TimelineMixin
+from randkv.vllm.sched.request_identity import derive_request_key, request_config
+from randkv.vllm.sched.scheduling_mode import FollowsSchedulingMode
+from randkv.vllm.sched.timeline import TimelineMixin
 
 logger = init_logger("vllm.randkv.scheduler")
 
@@ -231,7 +231,8 @@ class RandKVCacheManager(KVCacheManager):
 class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
     """vLLM's scheduler with RandKV's cadence: chunks end at round boundaries, rounds are
     announced to the workers, tail blocks are freed the step a round fires. Under vLLM's
-    async scheduling the engine gets `RandKVAsyncScheduler` (`randkv.vllm.scheduling_mode`)."""
+    async scheduling the engine gets `RandKVAsyncScheduler`
+    (`randkv.vllm.sched.scheduling_mode`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
