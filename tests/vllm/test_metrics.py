@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 from randkv.vllm.metrics import METRICS, Ranks, Source, markdown_table, merge_ranks  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_readme_shows_the_metric_table():

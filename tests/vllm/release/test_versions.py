@@ -21,7 +21,7 @@ from packaging.version import Version  # noqa: E402
 from randkv.vllm.release import support, versions  # noqa: E402
 from randkv.vllm.release.versions import SUPPORTED, UnsupportedVLLMError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from randkv.models.tiny import PAD_ID
 from randkv.selectors import H2O, RandKV, Selector
 from randkv.selectors.registry import POLICIES, make_selector, policy_names
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "selectors.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "selectors.md"
 left_pad = partial(rh.left_pad, pad_id=PAD_ID)
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=5)
 PROMPTS = [list(b"selectors"), list(b"hi"), list(b"a longer prompt here")]
