@@ -226,7 +226,7 @@ def test_async_rounds_are_the_specs_count_for_requests_that_stop(engines):
     for name, llm in (("sync", sync), ("async", async_)):
         outputs = llm.generate(prompts, params, use_tqdm=False)
         assert [len(o.outputs[0].token_ids) for o in outputs] == [n for *_, n, _ in requests]
-        fired[name] = [llm.randkv_request_stats(o.request_id)["rounds"] for o in outputs]
+        fired[name] = [llm.randkv_request_stats(o.request_id).rounds for o in outputs]
     for (prompt, _, n, due), sync_rounds, async_rounds in zip(
         requests, fired["sync"], fired["async"], strict=True
     ):

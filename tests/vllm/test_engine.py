@@ -114,8 +114,8 @@ def test_retained_positions_equal_the_spec(engines):
             assert tuple(got) == want
     assert slots[0][0] != slots[0][1]  # heads chose independently
     stats = llm.randkv_request_stats(output.request_id)
-    assert stats["rounds"] >= 10
-    assert stats["physical_length"] <= CONFIG.max_physical_length
+    assert stats.rounds >= 10
+    assert stats.physical_length <= CONFIG.max_physical_length
 
 
 def test_one_request_generates_several_times_the_pool(engines):
@@ -126,7 +126,7 @@ def test_one_request_generates_several_times_the_pool(engines):
     output = llm.generate([PROMPTS[2]], params)[0]
     assert len(output.outputs[0].token_ids) == times * pool_tokens
     stats = llm.randkv_request_stats(output.request_id)
-    assert stats["blocks_held"] <= -(-CONFIG.max_physical_length // BLOCK)
+    assert stats.blocks_held <= -(-CONFIG.max_physical_length // BLOCK)
 
 
 def test_same_request_same_decisions_in_any_batch(engines, tiny_model_path):
@@ -295,15 +295,15 @@ def test_stats_report_returned_requests_as_finished(engines):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     output = llm.chat([{"role": "user", "content": PROMPTS[0]}], params)[0]
     assert output.finished
-    assert llm.randkv_request_stats(output.request_id)["finished"] is True
+    assert llm.randkv_request_stats(output.request_id).finished is True
     engine = llm.llm_engine
     engine.add_request("still-running", PROMPTS[1], params)
     for _ in range(3):
         engine.step()
     running = llm.randkv_request_stats("still-running")
-    assert running["finished"] is False and running["tokens_seen"] > 0
+    assert running.finished is False and running.tokens_seen > 0
     engine.abort_request(["still-running"])
-    assert llm.randkv_request_stats("still-running")["finished"] is True
+    assert llm.randkv_request_stats("still-running").finished is True
     engine.step()  # the abort reaches the scheduler and the worker
     assert not engine.has_unfinished_requests()
 
@@ -354,8 +354,8 @@ def test_long_prompts_are_served_whole_with_their_own_budget(long_engine, tiny_m
             assert tuple(got) == want
             assert tuple(got[: len(prompt_ids)]) == tuple(range(len(prompt_ids)))
     stats = llm.randkv_request_stats(output.request_id)
-    assert stats["rounds"] >= 10 and stats["physical_length"] <= own.max_physical_length
-    assert llm.randkv_stats()["scheduler"]["long_prompts"] >= 1
+    assert stats.rounds >= 10 and stats.physical_length <= own.max_physical_length
+    assert llm.randkv_stats().scheduler["long_prompts"] >= 1
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
     reference, _ = reference_decode(
         model, prompt_ids, randkv=LONG, request_key=request_key_from_text(key),

@@ -271,9 +271,9 @@ def check_drained(llm: Any) -> None:
     else:
         assert not runner.req_states.req_id_to_index
     # The worker keeps bounded per-request stats of finished requests, nothing live.
-    records = runner.randkv_records
+    records = runner.randkv.records.records
     assert all(record.finished for record in records.values())
-    assert len(records) <= 4096 and len(runner.randkv_slot_maps) <= 256
+    assert len(records) <= 4096 and len(runner.randkv.records.slot_maps) <= 256
 
 
 # --------------------------------------------------------------------------- the workload

@@ -212,7 +212,7 @@ def test_randkv_on_the_full_layers_gives_the_adapters_tokens_and_the_specs_slots
         assert randkv_engine["tokens"][i] == tokens == randkv_engine["twins"][i]
         seen = len(ids) + NEW_TOKENS - 1  # the last token is sampled, never cached
         assert cache.layer_ids == (5, 11, 17)
-        assert randkv_engine["stats"][i]["rounds"] == cache.rounds(0) >= 8
+        assert randkv_engine["stats"][i].rounds == cache.rounds(0) >= 8
         slots = randkv_engine["slots"][i]
         assert len(slots) == len(cache.layer_ids)
         for ordinal, layer in enumerate(cache.layer_ids):
@@ -228,8 +228,8 @@ def test_full_layers_hold_k_plus_2r_and_window_groups_stay_vllms(randkv_engine) 
     block = ENGINE["block_size"]
     for stats in randkv_engine["stats"]:
         # Plain vLLM holds every token in the full-attention group.
-        assert stats["blocks_held"] <= -(-(CONFIG.max_physical_length - 1) // block) == 5
-        assert stats["blocks_held"] < -(-stats["tokens_seen"] // block)
+        assert stats.blocks_held <= -(-(CONFIG.max_physical_length - 1) // block) == 5
+        assert stats.blocks_held < -(-stats.tokens_seen // block)
     counters = randkv_engine["counters"]
     assert counters["preemptions"] >= 1, counters  # and its tokens still match
     assert randkv_engine["held_after"] == [0] * 6  # every group's blocks given back

@@ -77,7 +77,7 @@ def test_stock_llm_with_additional_config_equals_randkv_llm(tiny_model_path):
     del stock, core
     wrapped = LLM(model=tiny_model_path, randkv=CONFIG, **COMMON)
     assert _tokens(wrapped) == stock_tokens
-    assert wrapped.randkv_stats()["counters"]["rounds"] == rounds
+    assert wrapped.randkv_stats().counters["rounds"] == rounds
 
 
 def test_the_budget_is_parsed_once_from_additional_config_to_the_planner(
@@ -122,7 +122,8 @@ def test_the_budget_is_parsed_once_from_additional_config_to_the_planner(
     assert stock.collective_rpc("randkv_stats")[0]["counters"]["rounds"] > 0
     assert parses == [CONFIG]  # one parse, at the plugin
     assert core.scheduler.randkv is parses[0]
-    assert runner.randkv is parses[0] and runner.randkv_planner.config is parses[0]
+    assert runner.randkv.config is parses[0]
+    assert runner.randkv.rounds.planner.config is parses[0]
     assert steps and all(type(step) is RandKVSchedulerOutput for step in steps)
     assert any(step.randkv.directives for step in steps)
 

@@ -66,7 +66,7 @@ def engine_run(folder: str, prompt_ids: list[int]):
     result = (
         list(output.outputs[0].token_ids),
         llm.randkv_slot_positions(output.request_id),
-        llm.randkv_request_stats(output.request_id)["rounds"],
+        llm.randkv_request_stats(output.request_id).rounds,
     )
     llm.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
     del llm

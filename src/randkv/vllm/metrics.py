@@ -14,9 +14,10 @@ The scheduler exists once per engine, so its metrics are `ONCE` by construction.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -170,14 +171,14 @@ class RandKVRecorder:
         }
 
 
-def merge_ranks(per_rank: Iterable[dict[str, dict[str, float]]], group: str) -> dict[str, float]:
+def merge_ranks(per_rank: Iterable[RankStats], group: str) -> dict[str, float]:
     """Merge the workers' `group` totals: `SUMMED` metrics add up, `ONCE` metrics must agree."""
     ranks = list(per_rank)
     merged: dict[str, float] = {}
     for metric in METRICS:
         if metric.source is not Source.WORKER or metric.stats_group != group:
             continue
-        values = [rank[group][metric.key] for rank in ranks]
+        values = [getattr(rank, group)[metric.key] for rank in ranks]
         if metric.ranks is Ranks.SUMMED:
             merged[metric.key] = sum(values)
         elif len(set(values)) != 1:
@@ -185,3 +186,69 @@ def merge_ranks(per_rank: Iterable[dict[str, dict[str, float]]], group: str) -> 
         else:
             merged[metric.key] = values[0]
     return merged
+
+
+# --------------------------------------------------------------------------- randkv_stats()
+
+
+@dataclass
+class RequestRecord:
+    """What a worker knows of one request: rounds applied, tokens seen, the physical length
+    and blocks that leaves it, and whether it has finished."""
+
+    rounds: int = 0
+    tokens_seen: int = 0
+    physical_length: int = 0
+    blocks_held: int = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One worker's statistics. Crosses vLLM's RPC as a plain dict (`to_wire`, `from_wire`):
+    vLLM encodes RPC results with msgpack, which turns dataclasses into dicts anyway.
+
+    layers, kv_heads: the global layer indices and KV heads this rank holds.
+    counts_evictions: whether this rank counts its KV heads' evictions (a head replicated on
+    several tensor-parallel ranks counts on one)."""
+
+    counters: dict[str, float]
+    seconds: dict[str, float]
+    layers: list[int]
+    kv_heads: list[int]
+    counts_evictions: bool
+    requests: dict[str, RequestRecord] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any] | RankStats) -> RankStats:
+        if isinstance(wire, RankStats):
+            return wire
+        values = dict(wire)
+        values["requests"] = {k: RequestRecord(**v) for k, v in values["requests"].items()}
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RandKVStats:
+    """`LLM.randkv_stats()`: engine-wide and per-request RandKV statistics (see there).
+
+    counters, seconds: the workers' metrics merged over ranks (`merge_ranks`).
+    scheduler: the scheduler's counters (rejected prompts, long prompts, preemptions,
+        blocks freed), read from the scheduler itself.
+    requests: per-request records by the engine's request id (rank 0's; every rank keeps
+        the same).
+    per_rank: each worker's own statistics (without the per-request records)."""
+
+    counters: dict[str, float]
+    seconds: dict[str, float]
+    scheduler: dict[str, float]
+    requests: dict[str, RequestRecord]
+    per_rank: list[RankStats]
+
+    @property
+    def ranks(self) -> int:
+        """The number of workers."""
+        return len(self.per_rank)

@@ -262,14 +262,14 @@ def _run(llm) -> dict:
     before = llm.randkv_stats()
     outputs = llm.generate(PROMPTS, _params())
     after = llm.randkv_stats()
-    delta = {k: after["counters"][k] - before["counters"][k] for k in after["counters"]}
+    delta = {k: after.counters[k] - before.counters[k] for k in after.counters}
     per_rank = [
         {
-            "kv_heads": a["kv_heads"],
-            "kv_entries_evicted": a["counters"]["kv_entries_evicted"]
-            - b["counters"]["kv_entries_evicted"],
+            "kv_heads": a.kv_heads,
+            "kv_entries_evicted": a.counters["kv_entries_evicted"]
+            - b.counters["kv_entries_evicted"],
         }
-        for a, b in zip(after["per_rank"], before["per_rank"], strict=True)
+        for a, b in zip(after.per_rank, before.per_rank, strict=True)
     ]
     return {
         "outputs": outputs,

@@ -152,13 +152,14 @@ def test_randkv_step_code_reads_nothing_back_from_tensors(llm):
 
     runner.randkv_before_step = counted_before_step
     runner.randkv_physical_inputs = counted_physical_inputs
-    tracking, runner.randkv_track = runner.randkv_track, False  # a debug aid that reads back
+    records = runner.randkv.records
+    tracking, records.tracking = records.tracking, False  # a debug aid that reads back
     try:
         params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
         llm.generate(PROMPTS, params, use_tqdm=False)
     finally:
         del runner.randkv_before_step, runner.randkv_physical_inputs
-        runner.randkv_track = tracking
+        records.tracking = tracking
     plain = [total for fired, total, _ in counts if not fired]
     with_rounds = [(total, detail) for fired, total, detail in counts if fired]
     assert len(plain) > 50 and len(with_rounds) > 5

@@ -194,13 +194,14 @@ def test_randkv_step_code_reads_nothing_back_on_v2(llm, monkeypatch):
         prepare,
         lambda a: bool((a[0].num_computed_tokens_np >= CONFIG.max_physical_length).any()),
     )
-    tracking, runner.randkv_track = runner.randkv_track, False  # a debug aid that reads back
+    records = runner.randkv.records
+    tracking, records.tracking = records.tracking, False  # a debug aid that reads back
     try:
         params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     finally:
         del runner.randkv_before_step, runner.prepare_attn
-        runner.randkv_track = tracking
+        records.tracking = tracking
     rounds = [c for c in counts if c[0] == "before_step" and c[1]]
     physical = [c for c in counts if c[0] == "prepare_attn" and c[1]]
     assert all(o.outputs[0].finish_reason == "length" for o in outputs)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import vllm
 
 from randkv.spec.config import RandKVConfig
 from randkv.vllm.entrypoints.engine_ids import EngineRequestIds
-from randkv.vllm.metrics import merge_ranks
+from randkv.vllm.metrics import RandKVStats, RankStats, RequestRecord, merge_ranks
 from randkv.vllm.options import ADDITIONAL_CONFIG_KEY
 from randkv.vllm.plugin import register
+from randkv.vllm.sched.scheduler import COUNTERS_UTILITY
 
 
 class LLM(vllm.LLM):
@@ -34,7 +36,7 @@ class LLM(vllm.LLM):
         self._randkv_ids = EngineRequestIds()
         self._randkv_ids.follow(self.llm_engine)
 
-    def randkv_stats(self) -> dict[str, Any]:
+    def randkv_stats(self) -> RandKVStats:
         """Engine-wide and per-request RandKV statistics, aggregated over worker ranks.
 
         Every rank applies every round to the KV heads and layers it holds, so:
@@ -49,10 +51,10 @@ class LLM(vllm.LLM):
           rounds x r x layers x the model's KV heads, whatever the parallel layout.
         - `counters["bytes_moved"]` and `seconds`: physical work summed over ranks
           (replicas included), so seconds are worker-seconds, not wall time.
-        - `scheduler` and `requests` come from rank 0 (the scheduler's counters, and
-          per-request records every rank keeps identically). A request this LLM no longer
-          tracks (returned or aborted) is `finished`, although the workers hear of it only
-          with the next step.
+        - `scheduler`: the scheduler's counters, read from the scheduler itself (vLLM's
+          engine-core utility channel). `requests`: per-request records, which every rank
+          keeps identically (rank 0's). A request this LLM no longer tracks (returned or
+          aborted) is `finished`, although the workers hear of it only with the next step.
         - `ranks` is the number of workers, `per_rank` their own counters, seconds, and
           the global `layers` and `kv_heads` each holds.
 
@@ -62,38 +64,35 @@ class LLM(vllm.LLM):
         """
         if self.randkv_config is None:
             raise RuntimeError("RandKV is off for this LLM")
-        per_rank = self.collective_rpc("randkv_stats")
-        counters = merge_ranks(per_rank, "counters")
-        seconds = merge_ranks(per_rank, "seconds")
-        first = per_rank[0]
+        per_rank = [RankStats.from_wire(rank) for rank in self.collective_rpc("randkv_stats")]
         # Read after the workers answered: a request the front end no longer tracks has ended.
         live = self.llm_engine.output_processor.request_states
         requests = {
-            req_id: {**record, "finished": record["finished"] or req_id not in live}
-            for req_id, record in first["requests"].items()
+            req_id: replace(record, finished=record.finished or req_id not in live)
+            for req_id, record in per_rank[0].requests.items()
         }
-        return {
-            "counters": counters,
-            "seconds": seconds,
-            "scheduler": first["scheduler"],
-            "requests": requests,
-            "ranks": len(per_rank),
-            "per_rank": [
-                {
-                    "layers": rank.get("layers"),
-                    "kv_heads": rank["kv_heads"],
-                    "counters": rank["counters"],
-                    "seconds": rank["seconds"],
-                }
-                for rank in per_rank
-            ],
-        }
+        return RandKVStats(
+            counters=merge_ranks(per_rank, "counters"),
+            seconds=merge_ranks(per_rank, "seconds"),
+            scheduler=self._randkv_scheduler_counters(),
+            requests=requests,
+            per_rank=[replace(rank, requests={}) for rank in per_rank],
+        )
 
-    def randkv_request_stats(self, request_id: str, sample: int | None = None) -> dict[str, Any]:
+    def _randkv_scheduler_counters(self) -> dict[str, float]:
+        """The engine core's scheduler counters, through vLLM's utility channel (in this
+        process when the engine core runs here)."""
+        client = self.llm_engine.engine_core
+        call_utility = getattr(client, "call_utility", None)
+        if call_utility is not None:  # the engine core runs in its own process
+            return dict(call_utility(COUNTERS_UTILITY))
+        return dict(getattr(client.engine_core, COUNTERS_UTILITY)())
+
+    def randkv_request_stats(self, request_id: str, sample: int | None = None) -> RequestRecord:
         """Stats of the request whose RequestOutput.request_id is `request_id` (and, for
         n > 1, of its `sample`-th sample)."""
         internal = self._randkv_ids.engine_id(request_id, sample)
-        record = self.randkv_stats()["requests"].get(internal)
+        record = self.randkv_stats().requests.get(internal)
         if record is None:
             hint = "" if sample is not None else " (a request with n > 1: pass sample=i)"
             raise KeyError(f"no RandKV record for request {request_id!r}{hint}")

@@ -41,7 +41,6 @@ class RandKVStepPlan:
     a request's own randkv_budget)."""
 
     directives: dict[str, RoundDirective] = field(default_factory=dict)
-    scheduler_counters: dict[str, int] = field(default_factory=dict)
     budgets: dict[str, int] = field(default_factory=dict)
 
 

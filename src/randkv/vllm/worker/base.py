@@ -9,7 +9,7 @@ imported, which would break a GPU worker.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -17,10 +17,11 @@ from randkv.kernels.compactor import KVLayout
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.sched.kv_groups import EVERY_LAYER_SLIDES, bounded_spec, is_window_spec
-from randkv.vllm.worker.runner import TRACK_POSITIONS_ENV, RequestRecord, logger
 from randkv.vllm.worker.runner_class import adopt_model_runner
 
-__all__ = ["TRACK_POSITIONS_ENV", "RandKVWorkerMixin", "RequestRecord", "logger"]
+if TYPE_CHECKING:
+    from randkv.spec.config import RandKVConfig
+    from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 
 class RandKVWorkerMixin:
@@ -28,17 +29,21 @@ class RandKVWorkerMixin:
     additions to the model runner (the GPU's Triton compactor and start-up compile)."""
 
     randkv_platform_mixins: tuple[type, ...] = ()
+    randkv_config: RandKVConfig
+    # vLLM's worker attributes RandKV reads (declared for the type checker).
+    vllm_config: Any
+    model_runner: RandKVRunnerMixin
 
     def init_device(self) -> None:
-        super().init_device()
+        super().init_device()  # type: ignore[misc]
         config = config_from_vllm(self.vllm_config)
         if config is None:
             raise ValueError(NO_CONFIG.format(cls=type(self).__name__))
-        self.randkv = config
+        self.randkv_config = config
         adopt_model_runner(self.model_runner, self.randkv_platform_mixins)
 
     def get_kv_cache_spec(self) -> dict[str, Any]:
-        specs = super().get_kv_cache_spec()
+        specs = super().get_kv_cache_spec()  # type: ignore[misc]
         wrapped = {}
         for name, spec in specs.items():
             if is_window_spec(spec):
@@ -56,23 +61,23 @@ class RandKVWorkerMixin:
         return wrapped
 
     def initialize_from_config(self, kv_cache_config: Any) -> None:
-        super().initialize_from_config(kv_cache_config)
-        self.model_runner.randkv_setup(self.randkv, self.randkv_layout())
+        super().initialize_from_config(kv_cache_config)  # type: ignore[misc]
+        self.model_runner.randkv_setup(self.randkv_config, self.randkv_layout())
 
     def compile_or_warm_up_model(self, *args: Any, **kwargs: Any) -> Any:
         # vLLM's GPU warm-up (and 0.34's CPU one) runs real steps it builds itself.
-        runner = self.model_runner
-        runner.randkv_warming_up = True
+        state = self.model_runner.randkv
+        state.warming_up = True
         try:
-            return super().compile_or_warm_up_model(*args, **kwargs)
+            return super().compile_or_warm_up_model(*args, **kwargs)  # type: ignore[misc]
         finally:
-            runner.randkv_warming_up = False
+            state.warming_up = False
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         self.model_runner.randkv_before_step(scheduler_output)
-        output = super().execute_model(scheduler_output, *args, **kwargs)
-        self.model_runner.randkv_metrics.add("step_seconds", time.perf_counter() - start)
+        output = super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        self.model_runner.randkv.metrics.add("step_seconds", time.perf_counter() - start)
         return output
 
     def randkv_layout(self) -> KVLayout:

@@ -12,14 +12,10 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 from randkv.kernels.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.release.compat.cpu_attention import VEC_ISAS, attention_isas
-from randkv.vllm.worker.base import (
-    TRACK_POSITIONS_ENV,
-    RandKVWorkerMixin,
-    RequestRecord,
-    logger,
-)
+from randkv.vllm.worker.base import RandKVWorkerMixin
+from randkv.vllm.worker.runner import logger
 
-__all__ = ["TRACK_POSITIONS_ENV", "RandKVCPUWorker", "RequestRecord", "cpu_kv_layout"]
+__all__ = ["RandKVCPUWorker", "cpu_kv_layout"]
 
 
 class RandKVCPUWorker(RandKVWorkerMixin, CPUWorker):

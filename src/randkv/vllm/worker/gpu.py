@@ -16,7 +16,8 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from randkv.kernels.compactor import KVLayout
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.worker.base import RandKVWorkerMixin, logger
+from randkv.vllm.worker.base import RandKVWorkerMixin
+from randkv.vllm.worker.runner import logger
 
 __all__ = ["GPURunnerMixin", "RandKVGPUWorker", "gpu_kv_layout", "randkv_warmup"]
 
@@ -32,10 +33,11 @@ class GPURunnerMixin:
     and every Triton variant compiled at start-up."""
 
     def randkv_setup(self, config: Any, layout: KVLayout) -> None:
-        super().randkv_setup(config, layout)
+        super().randkv_setup(config, layout)  # type: ignore[misc]
         # Runs in initialize_from_config, before the engine reports ready: the Triton
         # variants a step can meet compile here, not as a latency spike in the first round.
-        seconds = randkv_warmup(self.randkv_planner, self.randkv_compactor, self.randkv_caches)
+        rounds = self.randkv.rounds  # type: ignore[attr-defined]
+        seconds = randkv_warmup(rounds.planner, rounds.compactor, rounds.caches)
         self.randkv_compile_seconds = seconds
         logger.info("RandKV: Triton kernels compiled at start-up in %.2f s", sum(seconds.values()))
 
@@ -114,7 +116,7 @@ class RandKVGPUWorker(RandKVWorkerMixin, Worker):
         gpu_memory_utilization."""
         available = super().determine_available_memory()
         reserve = randkv_memory_reserve(
-            self.randkv,
+            self.randkv_config,
             self.model_config.get_num_layers(self.parallel_config)
             * self.model_config.get_num_kv_heads(self.parallel_config),
             self.scheduler_config.max_num_seqs,

@@ -4,30 +4,43 @@ CPU subclass; vLLM 0.28 and 0.32, removed in 0.34).
 Two seams: the worker's copy of each request's block ids and its block table rows, trimmed
 when a round frees tail blocks, and `_prepare_inputs`, after which attention's slot mapping
 and sequence lengths are rewritten to physical values while RoPE keeps absolute positions.
-Imports no vLLM runner module: `randkv.vllm.worker.runner_class` combines this mixin with the runner
-class the engine built.
+Imports no vLLM runner module: `randkv.vllm.worker.runner_class` combines this mixin with
+the runner class the engine built.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from randkv.kernels.hostsync import host_to_device
-from randkv.spec.cadence import physical_lengths, rounds_completed
 from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
 from randkv.vllm.worker.parallel import kv_cache_layer_indices
 from randkv.vllm.worker.runner import RandKVRunnerMixin
 
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
 
 class V1RunnerMixin(RandKVRunnerMixin):
+    # vLLM's V1 runner state RandKV reads and rewrites (declared for the type checker).
+    input_batch: Any
+    requests: dict[str, Any]
+    kv_caches: list[torch.Tensor]
+    seq_lens: torch.Tensor
+    optimistic_seq_lens_cpu: torch.Tensor
+    num_computed_tokens: torch.Tensor
+    positions: torch.Tensor
+    req_indices: Any
+    query_start_loc: Any
+
     def randkv_shared_kv_layers(self) -> dict[str, str]:
         return dict(getattr(self, "shared_kv_cache_layers", {}))
 
     def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
-        group = self.randkv_groups.randkv
+        group = self.randkv.groups.randkv
         table = self.input_batch.block_table[group]
         for req_id, directive in directives.items():
             # The worker's own list of the request's blocks, which new blocks extend.
@@ -36,7 +49,7 @@ class V1RunnerMixin(RandKVRunnerMixin):
             if index is not None:
                 table.num_blocks_per_row[index] = directive.keep_blocks
 
-    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
+    def randkv_layer_caches(self, group: int) -> tuple[list[int], list[torch.Tensor]]:
         # vLLM binds `kv_caches` sorted by layer index (`vllm.v1.worker.utils.bind_kv_cache`),
         # every group's layers together; RandKV's are the full-attention group's.
         groups = self.kv_cache_config.kv_cache_groups
@@ -46,43 +59,42 @@ class V1RunnerMixin(RandKVRunnerMixin):
                 f"RandKV found {len(every)} KV cache layer names for {len(self.kv_caches)} "
                 "KV caches"
             )
-        layers = kv_cache_layer_indices(groups[self.randkv_groups.randkv].layer_names)
+        layers = kv_cache_layer_indices(groups[group].layer_names)
         return layers, [self.kv_caches[every.index(layer)] for layer in layers]
 
-    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: Any) -> Any:
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: Any) -> Any:
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
-        self.randkv_window_lengths.clear()
+        self.randkv.window_lengths.clear()
         self.randkv_physical_inputs(scheduler_output)
         return result
 
-    def randkv_physical_inputs(self, scheduler_output: Any) -> None:
+    def randkv_physical_inputs(self, scheduler_output: SchedulerOutput) -> None:
         """After vLLM's inputs: physical slots and lengths for attention, while RoPE keeps the
         absolute positions. Computed on the device from vLLM's persistent buffers (no host
         sync, no host-to-device copy), written into the same buffers vLLM uses, so a full
         CUDA graph replays with physical lengths."""
+        state = self.randkv
         num_reqs = self.input_batch.num_reqs
         # Host copy of the same counts: decide on the host whether any request is shifted.
-        seen_host = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype("int64")
-        budget_host = self.randkv_row_budgets(self.input_batch.req_ids[:num_reqs])
-        if not rounds_completed(self.randkv, seen_host, budget_host).any():
+        seen_host = self.input_batch.num_computed_tokens_cpu[:num_reqs]
+        budgets = state.budgets.rows(self.input_batch.req_ids[:num_reqs])
+        evicted_host = slots_evicted(state.config, seen_host, budgets)
+        if evicted_host is None:
             return
-        if self.randkv_groups.windows:  # before the shift: the window layers' lengths
-            self.randkv_window_lengths.keep(self.seq_lens, self.optimistic_seq_lens_cpu, num_reqs)
+        windows = state.groups.windows
+        if windows:  # before the shift: the window layers' lengths
+            state.window_lengths.keep(self.seq_lens, self.optimistic_seq_lens_cpu, num_reqs)
         seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
-        budget = None
-        if budget_host is not None:  # requests with their own K: one small host copy
-            budget = host_to_device(torch.from_numpy(budget_host), seen.device)
-        shift = seen - physical_lengths(self.randkv, seen, budget)  # r per round fired
+        evicted = seen - physical_on_device(state.config, seen, budgets)  # r per round fired
         total = scheduler_output.total_num_scheduled_tokens
-        per_token = shift[self.req_indices.gpu[:total].to(torch.int64)]
+        per_token = evicted[self.req_indices.gpu[:total].to(torch.int64)]
         positions = self.positions[:total] - per_token
         # Only the full-attention group's slots move; window groups keep vLLM's own.
         table = self.input_batch.block_table
-        if self.randkv_groups.windows:
-            table = table[self.randkv_groups.randkv]
+        if windows:
+            table = table[state.groups.randkv]
         table.compute_slot_mapping(num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions)
-        self.seq_lens[:num_reqs] -= shift.to(self.seq_lens.dtype)
+        self.seq_lens[:num_reqs] -= evicted.to(self.seq_lens.dtype)
         # vLLM's host copy of the lengths (max_seq_len, sampling masks), shifted alike.
-        shift_host = seen_host - physical_lengths(self.randkv, seen_host, budget_host)
-        shift_host = torch.from_numpy(shift_host)
-        self.optimistic_seq_lens_cpu[:num_reqs] -= shift_host.to(self.optimistic_seq_lens_cpu.dtype)
+        host = self.optimistic_seq_lens_cpu
+        host[:num_reqs] -= torch.from_numpy(evicted_host).to(host.dtype)

@@ -31,15 +31,18 @@ Imports no vLLM runner module at import time (0.28 has no such V2 code path for 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from randkv.kernels.hostsync import host_to_device
-from randkv.spec.cadence import physical_lengths, rounds_completed
 from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
 from randkv.vllm.worker.parallel import kv_cache_layer_indices
 from randkv.vllm.worker.runner import RandKVRunnerMixin
+
+if TYPE_CHECKING:
+    from randkv.kernels.compactor import KVLayout
+    from randkv.spec.config import RandKVConfig
 
 
 @dataclasses.dataclass
@@ -51,7 +54,30 @@ class _AbsoluteLengths:
     upper_bound: torch.Tensor
 
 
+@dataclasses.dataclass
+class V2Buffers:
+    """RandKV's buffers beside vLLM's V2 input buffers: sized once and kept at one address,
+    like vLLM's own (a full CUDA graph replays from them).
+
+    positions: the step's physical positions (attention's slot mapping reads them).
+    physical_computed: each request slot's physical computed-token count.
+    absolute_seq_lens: the batch's absolute lengths, kept for the sampler.
+    window_slots: a mixed model's window groups' slot mappings from absolute positions."""
+
+    positions: torch.Tensor
+    physical_computed: torch.Tensor
+    absolute_seq_lens: torch.Tensor
+    window_slots: torch.Tensor | None
+
+
 class V2RunnerMixin(RandKVRunnerMixin):
+    # vLLM's V2 runner state RandKV reads and rewrites (declared for the type checker).
+    req_states: Any
+    block_tables: Any
+    input_buffers: Any
+    compilation_config: Any
+
+    randkv_buffers: V2Buffers
     _randkv_absolute: _AbsoluteLengths | None = None
 
     # ------------------------------------------------------------------ start-up
@@ -61,30 +87,29 @@ class V2RunnerMixin(RandKVRunnerMixin):
 
         return dict(get_shared_kv_cache_layers(self.vllm_config))
 
-    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
+    def randkv_layer_caches(self, group: int) -> tuple[list[int], list[torch.Tensor]]:
         # V2's `kv_caches` follow the allocation order of the cache tensors, not the layer
         # order: read each layer's own cache instead (the full-attention group's).
-        group = self.kv_cache_config.kv_cache_groups[self.randkv_groups.randkv]
-        names = list(group.layer_names)
+        names = list(self.kv_cache_config.kv_cache_groups[group].layer_names)
         context = self.compilation_config.static_forward_context
         by_index = dict(zip(kv_cache_layer_indices(names), names, strict=False))
         ordered = sorted(by_index)
         return ordered, [context[by_index[i]].kv_cache for i in ordered]
 
-    def randkv_setup(self, config: Any, layout: Any) -> None:
+    def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
         super().randkv_setup(config, layout)
         max_reqs = self.req_states.num_computed_tokens.gpu.shape[0]
-        device = self.randkv_caches[0].device
         seq_lens = self.input_buffers.seq_lens
-        # Sized once and kept at one address, like vLLM's own input buffers.
-        self.randkv_positions = torch.zeros_like(self.input_buffers.positions)
-        self.randkv_physical_computed = torch.zeros(max_reqs, dtype=seq_lens.dtype, device=device)
-        self.randkv_absolute_seq_lens = torch.zeros_like(seq_lens)
-        # A mixed model's window groups: their slot mappings from absolute positions.
-        self.randkv_window_slots = (
-            torch.empty_like(self.block_tables.slot_mappings)
-            if self.randkv_groups.windows
-            else None
+        device = seq_lens.device
+        self.randkv_buffers = V2Buffers(
+            positions=torch.zeros_like(self.input_buffers.positions),
+            physical_computed=torch.zeros(max_reqs, dtype=seq_lens.dtype, device=device),
+            absolute_seq_lens=torch.zeros_like(seq_lens),
+            window_slots=(
+                torch.empty_like(self.block_tables.slot_mappings)
+                if self.randkv.groups.windows
+                else None
+            ),
         )
 
     # ------------------------------------------------------------------ rounds
@@ -94,65 +119,67 @@ class V2RunnerMixin(RandKVRunnerMixin):
         for req_id, directive in directives.items():
             index = self.req_states.req_id_to_index.get(req_id)
             if index is not None:
-                counts[self.randkv_groups.randkv, index] = directive.keep_blocks
+                counts[self.randkv.groups.randkv, index] = directive.keep_blocks
 
     # ------------------------------------------------------------------ attention inputs
 
     def prepare_attn(self, input_batch: Any) -> Any:
+        state, buffers = self.randkv, self.randkv_buffers
         self._randkv_absolute = None
-        self.randkv_window_lengths.clear()
-        seen = input_batch.num_computed_tokens_np.astype("int64")  # host mirror, exact
-        budgets = self.randkv_row_budgets(input_batch.req_ids[: input_batch.num_reqs])
-        if not rounds_completed(self.randkv, seen, budgets).any():
-            return super().prepare_attn(input_batch)
+        state.window_lengths.clear()
+        seen = input_batch.num_computed_tokens_np  # host mirror, exact
+        budgets = state.budgets.rows(input_batch.req_ids[: input_batch.num_reqs])
+        evicted_host = slots_evicted(state.config, seen, budgets)
+        if evicted_host is None:
+            return super().prepare_attn(input_batch)  # type: ignore[misc]
         from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
 
         padded = input_batch.num_reqs_after_padding
-        absolute = self.randkv_absolute_seq_lens[:padded]
+        absolute = buffers.absolute_seq_lens[:padded]
         absolute.copy_(input_batch.seq_lens)
-        windows = self.randkv_window_slots is not None
-        if windows:  # before the shift: the window groups' slots and lengths
+        window_slots = buffers.window_slots
+        if window_slots is not None:  # before the shift: the window groups' slots and lengths
             self.block_tables.compute_slot_mappings(
                 input_batch.idx_mapping,
                 input_batch.query_start_loc,
                 input_batch.positions,
                 num_tokens_padded=input_batch.num_tokens_after_padding,
-                out=self.randkv_window_slots,
+                out=window_slots,
             )
-            self.randkv_window_lengths.keep(
+            state.window_lengths.keep(
                 absolute, input_batch.seq_lens_cpu_upper_bound, input_batch.num_reqs
             )
         computed = self.req_states.num_computed_tokens.gpu  # absolute, by request slot
-        physical = self.randkv_physical_computed
+        physical = buffers.physical_computed
         if budgets is None:
-            physical.copy_(physical_lengths(self.randkv, computed.to(torch.int64)))
+            physical.copy_(physical_on_device(state.config, computed, None))
         else:  # requests with their own K: by batch row, into their slots
             slots = input_batch.idx_mapping
-            budget = host_to_device(torch.from_numpy(budgets), physical.device)
-            rows = physical_lengths(self.randkv, computed[slots].to(torch.int64), budget)
+            rows = physical_on_device(state.config, computed[slots], budgets)
             physical[slots] = rows.to(physical.dtype)
         # Physical positions into RandKV's buffer, physical lengths into vLLM's.
         prepare_pos_seq_lens(
             input_batch.idx_mapping,
             input_batch.query_start_loc,
-            self.randkv_physical_computed,
-            self.randkv_positions,
+            physical,
+            buffers.positions,
             self.input_buffers.seq_lens,
         )
         upper_bound = input_batch.seq_lens_cpu_upper_bound
-        shift = seen - physical_lengths(self.randkv, seen, budgets)
         physical_bound = upper_bound.clone()
-        physical_bound[: input_batch.num_reqs] -= torch.from_numpy(shift).to(upper_bound.dtype)
+        physical_bound[: input_batch.num_reqs] -= torch.from_numpy(evicted_host).to(
+            upper_bound.dtype
+        )
         input_batch.seq_lens_cpu_upper_bound = physical_bound
         self._randkv_absolute = _AbsoluteLengths(input_batch, absolute, upper_bound)
-        positions = self.randkv_positions[: input_batch.num_tokens_after_padding]
-        block_tables, slot_mappings = super().prepare_attn(
+        positions = buffers.positions[: input_batch.num_tokens_after_padding]
+        block_tables, slot_mappings = super().prepare_attn(  # type: ignore[misc]
             dataclasses.replace(input_batch, positions=positions)
         )
-        if windows:  # vLLM's persistent buffer: window rows back to absolute slots
+        if window_slots is not None:  # vLLM's persistent buffer: window rows back to absolute
             tokens = slot_mappings.shape[1]
-            for group in self.randkv_groups.windows:
-                slot_mappings[group].copy_(self.randkv_window_slots[group, :tokens])
+            for group in state.groups.windows:
+                slot_mappings[group].copy_(window_slots[group, :tokens])
         return block_tables, slot_mappings
 
     def sample(self, hidden_states: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -161,4 +188,4 @@ class V2RunnerMixin(RandKVRunnerMixin):
             input_batch.seq_lens = kept.seq_lens
             input_batch.seq_lens_cpu_upper_bound = kept.upper_bound
             self._randkv_absolute = None
-        return super().sample(hidden_states, input_batch, *args, **kwargs)
+        return super().sample(hidden_states, input_batch, *args, **kwargs)  # type: ignore[misc]

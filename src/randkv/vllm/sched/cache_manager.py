@@ -1,0 +1,247 @@
+"""RandKV's KV cache manager: vLLM's, with the full-attention group sized by physical length.
+
+The arithmetic is `randkv.vllm.sched.allocation` (pure, tested against the spec); this class
+makes vLLM's calls with it: the full-attention group is sized by the physical length and
+loses its tail blocks when a round fires, a mixed model's sliding-window groups go through
+vLLM's own managers at the absolute length, and only whole prompt blocks enter the prefix
+cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.request import Request, RequestStatus
+
+from randkv.spec.config import RandKVConfig
+from randkv.vllm.metrics import RandKVRecorder
+from randkv.vllm.sched.allocation import full_group_step, peak_blocks
+from randkv.vllm.sched.kv_groups import KVGroupLayout
+from randkv.vllm.sched.output import RoundDirective
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+
+@dataclass
+class RequestRounds:
+    """Scheduler-side RandKV state of one request; `config` is the request's own
+    (`RandKVConfig.for_request`: its budget K, raised for a long prompt or asked for)."""
+
+    request_key: int
+    prompt_length: int
+    config: RandKVConfig
+    rounds_applied: int = 0
+
+
+class RandKVCacheManager(KVCacheManager):
+    """vLLM's KV cache manager, sizing each request by its physical length.
+
+    The scheduler swaps an existing manager's class to this one (vLLM builds the
+    manager inside `Scheduler.__init__`), then calls `randkv_attach`.
+    """
+
+    randkv: RandKVConfig
+    rounds: dict[str, RequestRounds]
+    metrics: RandKVRecorder
+    layout: KVGroupLayout
+    directives: dict[str, RoundDirective]
+    full_manager: SingleTypeKVCacheManager
+    window_managers: list[SingleTypeKVCacheManager]
+
+    def randkv_attach(
+        self,
+        config: RandKVConfig,
+        rounds: dict[str, RequestRounds],
+        metrics: RandKVRecorder,
+        layout: KVGroupLayout,
+    ) -> None:
+        self.randkv = config
+        self.rounds = rounds
+        self.metrics = metrics
+        self.layout = layout
+        self.directives = {}
+        managers = self.coordinator.single_type_managers
+        self.full_manager = managers[layout.randkv]
+        self.window_managers = [managers[g] for g in layout.windows]
+        self.block_size = self.full_manager.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),  # vLLM >= 0.32; KV connectors only
+    ) -> KVCacheBlocks | None:
+        state = self.rounds[request.request_id]
+        config, block_size = state.config, self.block_size
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        request_blocks = self.full_manager.req_to_blocks[request.request_id]
+        hits = new_computed_blocks.blocks if new_computed_blocks else None
+        prefix_hits = list(hits[self.layout.randkv]) if hits else []
+        step = full_group_step(
+            config,
+            prompt_length=state.prompt_length,
+            tokens_seen=computed,
+            num_new_tokens=num_new_tokens,
+            rounds_applied=state.rounds_applied,
+            blocks_held=len(request_blocks) + len(prefix_hits),
+            block_size=block_size,
+        )
+        to_allocate = step.new_blocks + self.randkv_window_blocks_to_allocate(
+            request, computed, computed + num_new_tokens, hits
+        )
+        watermark = 0
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
+            watermark = self.watermark_blocks
+        # Prefix hits on cached blocks nobody holds leave the free queue when touched (a
+        # window group's hit list has vLLM's null block where the window skips).
+        null = self.block_pool.null_block
+        idle_hits = sum(
+            1 for group in hits or () for block in group if block.ref_cnt == 0 and block is not null
+        )
+        free = self.block_pool.get_num_free_blocks() + step.freed_blocks
+        free -= idle_hits + reserved_blocks
+        if full_sequence_must_fit:
+            # Admission: the longest this request can get is K + 2r - 1 tokens of blocks
+            # (and what vLLM's window managers say the window groups can hold at most).
+            peak = peak_blocks(
+                config,
+                prompt_length=state.prompt_length,
+                num_tokens=request.num_tokens,
+                block_size=block_size,
+            )
+            windows = self.randkv_window_blocks_to_allocate(
+                request, computed, request.num_tokens, hits, admission=True
+            )
+            if peak - step.keep_blocks + windows + watermark > free:
+                return None
+        if to_allocate + watermark > free:
+            return None
+        if hits is not None and any(hits):
+            # Not forwarded: skip_zeroing_group_ids concerns blocks a KV connector loads
+            # (refused with RandKV), and vLLM 0.28's coordinator has no such keyword.
+            self.coordinator.allocate_new_computed_blocks(
+                request_id=request.request_id,
+                new_computed_blocks=hits,
+                num_local_computed_tokens=computed,
+                num_external_computed_tokens=0,
+            )
+        if step.round_due:
+            self._randkv_fire_round(request, state, step.rounds, step.keep_blocks)
+        new_blocks = self.randkv_allocate_new_blocks(
+            request.request_id, step.physical_end, computed + num_new_tokens, num_encoder_tokens
+        )
+        if not delay_cache_blocks:
+            self.cache_blocks(request, computed + num_new_tokens)
+        return self.create_kv_cache_blocks(new_blocks)
+
+    def _randkv_fire_round(
+        self, request: Request, state: RequestRounds, rounds: int, keep_blocks: int
+    ) -> None:
+        """Announce the round to the workers and free the tail blocks: the worker compacts
+        before this step's forward pass, reading the tail blocks freed here before anyone
+        can write them."""
+        request_blocks = self.full_manager.req_to_blocks[request.request_id]
+        self.directives[request.request_id] = RoundDirective(
+            round_index=rounds - 1,
+            keep_blocks=keep_blocks,
+            prompt_length=state.prompt_length,
+            request_key=state.request_key,
+            block_ids=tuple(block.block_id for block in request_blocks),
+            budget=state.config.budget,
+        )
+        state.rounds_applied = rounds
+        if len(request_blocks) > keep_blocks:
+            tail = request_blocks[keep_blocks:]
+            del request_blocks[keep_blocks:]
+            self.block_pool.free_blocks(reversed(tail))
+            self.metrics.add("blocks_freed", len(tail))
+
+    def randkv_window_blocks_to_allocate(
+        self,
+        request: Request,
+        computed: int,
+        tokens: int,
+        hits: Any,
+        admission: bool = False,
+    ) -> int:
+        """Blocks the sliding-window groups need for `tokens` absolute tokens, as vLLM's own
+        managers count them (after they free what left the window). 0 for a dense model."""
+        if not self.window_managers:
+            return 0
+        rid = request.request_id
+        if not admission:
+            # Tokens of steps still in flight (async scheduling) are not safe to free yet.
+            safe = max(0, computed - request.num_in_flight_tokens)
+            for manager in self.window_managers:
+                manager.remove_skipped_blocks(rid, safe, request.num_prompt_tokens)
+        tokens = min(tokens, self.max_model_len)
+        return sum(
+            manager.get_num_blocks_to_allocate(
+                rid,
+                tokens,
+                hits[group] if hits else [],
+                computed,
+                computed,
+                tokens,
+                apply_admission_cap=admission,
+            )
+            for group, manager in zip(self.layout.windows, self.window_managers, strict=True)
+        )
+
+    def randkv_allocate_new_blocks(
+        self, request_id: str, physical_end: int, absolute_end: int, num_encoder_tokens: int
+    ) -> tuple[list[Any], ...]:
+        """New blocks per group: the full-attention group up to the physical length, vLLM's
+        sliding-window groups up to the absolute one (their blocks stay where vLLM puts
+        them)."""
+        if not self.window_managers:
+            return self.coordinator.allocate_new_blocks(
+                request_id, physical_end, physical_end, num_encoder_tokens
+            )
+        absolute_end = min(absolute_end, self.max_model_len)
+        managers = self.coordinator.single_type_managers
+        return tuple(
+            manager.allocate_new_blocks(request_id, physical_end, physical_end)
+            if group == self.layout.randkv
+            else manager.allocate_new_blocks(request_id, absolute_end, absolute_end)
+            for group, manager in enumerate(managers)
+        )
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Only whole prompt blocks enter the prefix cache: compaction writes slots >= P, so
+        blocks holding generated tokens change after they are hashed. (vLLM's async
+        scheduler also calls this, with each step's generated tokens.)"""
+        state = self.rounds.get(request.request_id)
+        if not self.enable_caching or state is None:
+            return
+        full_prompt = (state.prompt_length // self.block_size) * self.block_size
+        self.coordinator.cache_blocks(request, min(num_computed_tokens, full_prompt))
+
+    def randkv_blocks_held(self, request_ids: Any) -> tuple[int, int]:
+        """(full-attention blocks, window-group blocks) these requests hold now (a window
+        group's list keeps vLLM's null block where a block left the window)."""
+        full = self.full_manager.req_to_blocks
+        held = sum(len(full.get(r, ())) for r in request_ids)
+        null = self.block_pool.null_block
+        windows = sum(
+            sum(1 for block in window.req_to_blocks.get(r, ()) if block is not null)
+            for window in self.window_managers
+            for r in request_ids
+        )
+        return held, windows
