@@ -289,6 +289,55 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert graph["randkv.spec"] and graph["randkv.kernels.planner"]  # the graph is not empty
 
 
+#: The rooms of `randkv.vllm` (docs/architecture.md), bottom up, and the rooms each may import
+#: besides its own. The workers read three of the scheduler's modules, as vLLM's workers read
+#: its scheduler output: what a step sends them, the KV cache groups, the block arithmetic.
+VLLM_ROOMS: dict[str, set[str]] = {
+    "common": set(),  # options, refusals, metrics, class_swap: read by every room
+    "release": {"common"},  # versions, compat, touchpoints, wheels
+    "sched": {"common", "release", "sched data"},
+    "worker": {"common", "release", "sched data"},
+    "sched data": {"common", "release"},
+    "front": {"common", "release", "sched", "sched data", "worker"},  # entry points, checks
+}
+_SCHED_DATA = {"output", "kv_groups", "allocation"}
+_FRONT = {"randkv.vllm", "randkv.vllm.plugin", "randkv.vllm.release.support",
+          "randkv.vllm.release.drift"}  # fmt: skip
+
+
+def _vllm_room(module: str) -> str:
+    if module in _FRONT or module.startswith("randkv.vllm.entrypoints"):
+        return "front"
+    parts = module.split(".")
+    if len(parts) == 3 and parts[2] not in ("sched", "worker", "release"):
+        return "common"
+    if parts[2] == "sched":  # the package itself imports nothing: the workers pass it
+        return "sched data" if len(parts) == 3 or parts[3] in _SCHED_DATA else "sched"
+    return parts[2]  # release, worker
+
+
+def test_the_vllm_rooms_import_only_the_rooms_below_them():
+    graph = import_graph(SRC, "randkv", every_import=True)
+    modules = [m for m in graph if m.startswith("randkv.vllm")]
+    assert {_vllm_room(m) for m in modules} == set(VLLM_ROOMS)  # every room is populated
+    crossings = sorted(
+        f"{importer} ({_vllm_room(importer)}) -> {imported} ({_vllm_room(imported)})"
+        for importer in modules
+        for imported in graph[importer]
+        if imported.startswith("randkv.vllm")
+        and _vllm_room(imported) not in {_vllm_room(importer), *VLLM_ROOMS[_vllm_room(importer)]}
+    )
+    assert not crossings, "imports across randkv.vllm's rooms:\n" + "\n".join(crossings)
+
+
+def test_randkv_vllm_keeps_a_small_top_level():
+    """At most six modules beside the rooms (sched, worker, entrypoints, release)."""
+    top = SRC / "randkv" / "vllm"
+    assert len(list(top.glob("*.py"))) <= 6
+    rooms = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == {"sched", "worker", "entrypoints", "release"}
+
+
 def test_the_spec_imports_only_the_standard_library():
     import sys
 
