@@ -14,24 +14,20 @@ BIN := $(VENV)/bin
 # The slowest tests of each run, for whoever trims CI next.
 PYTEST := $(BIN)/python -m pytest -q --durations=15
 STAMP := $(VENV)/.randkv-setup-stamp
-# The tests that start a vLLM engine or hook vLLM's classes: engine, plugin, options, refusals,
-# metrics, parallel, stock server, serving, routes, long prompts, chaos (CI runs them on every
-# CPU release). What does not depend on the release runs once, in the default environment:
-# the drift check (it reads every release itself), the fuzzer, the wheel's contents, studies.
-VLLM_TESTS := $(filter-out tests/test_vllm_drift.py,$(wildcard tests/test_vllm_*.py)) \
-	tests/test_engine_chaos.py tests/test_serve.py tests/test_serve_cli.py \
-	tests/test_stock_server.py tests/test_serve_routes.py tests/test_serve_long_prompts.py
-# vLLM's V2 model runner in Triton's interpreter (tests/v2_runner.py): the engine tests.
-V2_TESTS := tests/test_vllm_engine.py tests/test_engine_chaos.py tests/test_vllm_plugin.py \
-	tests/test_vllm_async.py tests/test_vllm_gemma3.py \
-	tests/test_vllm_v2_runner.py \
-	tests/test_randkv_check.py::test_the_vllm_lines_pass_with_the_installed_vllm
-# PART=1 or PART=2 runs one half of test-vllm / test-v2 (CI's two lanes share them, .ci/run);
-# no PART runs the whole leg. Halves are whole modules: engines are shared within a module.
-VLLM_PART_1 := tests/test_vllm_parallel.py tests/test_stock_server.py tests/test_serve.py \
-	tests/test_vllm_gemma3.py tests/test_serve_long_prompts.py
-V2_PART_1 := tests/test_vllm_engine.py tests/test_vllm_gemma3.py
-part = $(if $(filter 1,$(PART)),$(filter $(2),$(1)),$(if $(filter 2,$(PART)),$(filter-out $(2),$(1)),$(1)))
+# The CI legs are chosen by pytest marker (registered in pyproject.toml, set by each module's
+# pytestmark). `vllm`: the tests that start a vLLM engine or hook vLLM's classes: engine, plugin,
+# options, refusals, metrics, parallel, stock server, serving, front door, long prompts, chaos
+# (CI runs them on every CPU release). What does not depend on the release runs once, in the
+# default environment: the drift check (it reads every release itself), the fuzzer, the
+# wheel's contents, studies. `v2`: the engine tests on vLLM's V2 model runner in Triton's
+# interpreter (tests/support/v2_runner.py).
+# PART=1 or PART=2 runs one half of test-vllm / test-v2 (CI's two lanes share them, .ci/run):
+# the modules marked vllm_part_1 / v2_part_1, or the rest; no PART runs the whole leg. Halves
+# are whole modules: engines are shared within a module.
+# The legs look for their markers only in these folders (collecting the rest would import it
+# for nothing): a marked module elsewhere needs its folder here.
+LEG_TESTS := tests/vllm tests/serve tests/check
+leg = -m "$(1)$(if $(filter 1,$(PART)), and $(2),$(if $(filter 2,$(PART)), and not $(2)))" $(LEG_TESTS)
 
 .PHONY: setup demo test test-vllm test-v2 drift bench study lint format clean
 
@@ -69,14 +65,14 @@ test: setup
 	$(PYTEST)
 
 test-vllm: setup
-	$(PYTEST) $(call part,$(VLLM_TESTS),$(VLLM_PART_1))
+	$(PYTEST) $(call leg,vllm,vllm_part_1)
 
 test-v2: setup
-	RANDKV_TEST_RUNNER=v2 $(PYTEST) $(call part,$(V2_TESTS),$(V2_PART_1))
+	RANDKV_TEST_RUNNER=v2 $(PYTEST) $(call leg,v2,v2_part_1)
 
 # The drift check alone: every supported release, GPU-only ones from their wheels (--no-deps).
 drift: setup
-	$(BIN)/python -m pytest -q tests/test_vllm_drift.py
+	$(BIN)/python -m pytest -q tests/vllm/release/test_drift.py
 
 bench: setup
 	$(BIN)/randkv bench select --json

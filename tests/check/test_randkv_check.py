@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = (
     "vllm",
@@ -97,6 +99,8 @@ def test_a_failing_line_is_recorded_and_the_others_still_run(tmp_path):
     assert doc["verdict"] == {**doc["verdict"], "passed": False, "failed": ["broken"]}
 
 
+# The V2 leg's one check test (make test-v2): the vLLM lines on vLLM's V2 model runner.
+@pytest.mark.v2
 def test_the_vllm_lines_pass_with_the_installed_vllm(tiny_model_path):
     """With vLLM: the backend line accepts vLLM's CPU attention, the engine modes give the
     spec's slot positions, and a budget above every length equals stock vLLM (on whichever

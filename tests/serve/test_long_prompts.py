@@ -14,7 +14,7 @@ from serving import ENGINE_ARGS, one_cpu  # noqa: E402
 from randkv import RandKVConfig, request_key_from_text  # noqa: E402
 from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.vllm_part_1]
 
 LONG = RandKVConfig(budget=64, buffer_size=8, seed=5, min_generated=24)
 QUESTIONS = [

@@ -15,7 +15,7 @@ from serving import CONFIG, ENGINE_ARGS, PROMPT, one_cpu  # noqa: E402
 from randkv import num_rounds, request_key_from_text  # noqa: E402
 from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.vllm_part_1]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from randkv.bench.server import (  # noqa: E402
     running_server,
 )
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.vllm_part_1]
 
 KEY = "stock-server"
 

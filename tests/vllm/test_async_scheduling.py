@@ -19,6 +19,8 @@ from vllm import SamplingParams  # noqa: E402
 
 from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 
+pytestmark = [pytest.mark.vllm, pytest.mark.v2]
+
 CONFIG = RandKVConfig(budget=128, buffer_size=8, seed=5, min_generated=32)
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 COMMON = dict(

@@ -13,6 +13,8 @@ from vllm import SamplingParams  # noqa: E402
 
 from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 
+pytestmark = [pytest.mark.vllm, pytest.mark.v2, pytest.mark.v2_part_1]
+
 CONFIG = RandKVConfig(budget=96, buffer_size=8, seed=3)
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 POOL_BLOCKS = 32  # 1024 tokens: less than one max_model_len sequence

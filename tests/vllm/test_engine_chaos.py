@@ -43,7 +43,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from randkv import RandKVConfig  # noqa: E402
 from randkv.spec import num_rounds, physical_length, slot_positions  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.v2]
 
 CONFIG = RandKVConfig(budget=96, buffer_size=16, seed=11)  # K + 2r = 128 tokens = 4 blocks
 # Long prompts served (a prompt over K keeps G = 32 generated tokens), and requests that ask

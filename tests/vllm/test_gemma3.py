@@ -24,6 +24,8 @@ from v2_runner import v2_requested
 from randkv import RandKVConfig, request_key_from_text, slot_positions
 from randkv.models import fetch_model
 
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_part_1, pytest.mark.v2, pytest.mark.v2_part_1]
+
 WINDOW = 512
 ENGINE = dict(
     dtype="float32",

@@ -19,6 +19,8 @@ from randkv.vllm.class_swap import swap_class  # noqa: E402
 from randkv.vllm.entrypoints import engine_args  # noqa: E402
 from randkv.vllm.refusals import UnsupportedModeError  # noqa: E402
 
+pytestmark = [pytest.mark.vllm]
+
 
 def test_importing_the_gpu_worker_leaves_torch_cuda_alone():
     """vLLM's CPU worker package patches torch.cuda process-wide; the GPU worker must not

@@ -19,6 +19,8 @@ from randkv.vllm.metrics import (  # noqa: E402
     merge_ranks,
 )
 
+pytestmark = [pytest.mark.vllm]
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

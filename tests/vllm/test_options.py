@@ -8,8 +8,12 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from randkv import RandKVConfig
 from randkv.vllm.options import RandKVAdditionalConfig, config_from_vllm, options_in
+
+pytestmark = [pytest.mark.vllm]
 
 CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=3)
 

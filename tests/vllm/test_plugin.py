@@ -19,6 +19,8 @@ from vllm import SamplingParams  # noqa: E402
 
 from randkv import RandKVConfig  # noqa: E402
 
+pytestmark = [pytest.mark.vllm, pytest.mark.v2]
+
 CONFIG = RandKVConfig(budget=40, buffer_size=8, seed=2)
 COMMON = dict(
     dtype="float32",

@@ -12,6 +12,8 @@ from randkv import RandKVConfig  # noqa: E402
 from randkv.vllm import randkv_engine_kwargs  # noqa: E402
 from randkv.vllm.entrypoints.engine_args import UnsupportedModeError  # noqa: E402
 
+pytestmark = [pytest.mark.vllm]
+
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),

@@ -19,7 +19,7 @@ from serving import CONFIG, ENGINE_ARGS, one_cpu  # noqa: E402
 
 from randkv.bench.server import SERVED_MODEL_NAME, running_server  # noqa: E402
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.vllm]
 
 LONG_TEXT = "a" * (CONFIG.budget + 16)  # byte-level tokenizer: over K = 64 on every route
 M = SERVED_MODEL_NAME

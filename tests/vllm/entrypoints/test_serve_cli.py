@@ -14,6 +14,8 @@ from randkv.vllm.entrypoints.serve import (  # noqa: E402
     randkv_option_parser,
 )
 
+pytestmark = [pytest.mark.vllm]
+
 
 def parse(argv):
     options, rest = randkv_option_parser().parse_known_args(argv)

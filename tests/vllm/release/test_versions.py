@@ -21,6 +21,8 @@ from packaging.version import Version  # noqa: E402
 from randkv.vllm.release import support, versions  # noqa: E402
 from randkv.vllm.release.versions import SUPPORTED, UnsupportedVLLMError  # noqa: E402
 
+pytestmark = [pytest.mark.vllm]
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

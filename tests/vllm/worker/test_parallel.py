@@ -26,6 +26,8 @@ from randkv.kernels.compactor import KVLayout, PagedCompactor  # noqa: E402
 from randkv.kernels.planner import RoundPlanner  # noqa: E402
 from randkv.spec import num_rounds  # noqa: E402
 
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_part_1]
+
 CONFIG = RandKVConfig(budget=64, buffer_size=8, seed=11)
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 COMMON = dict(

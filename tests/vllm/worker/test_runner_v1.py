@@ -16,6 +16,8 @@ from vllm import SamplingParams  # noqa: E402
 
 from randkv import RandKVConfig, spec  # noqa: E402
 
+pytestmark = [pytest.mark.vllm]
+
 CONFIG = RandKVConfig(budget=24, buffer_size=8, seed=1)
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 PROMPTS = ["Buffers must stay put.", "A second, slightly longer request runs beside it."]

@@ -17,9 +17,11 @@ pytest.importorskip("vllm")
 
 from v2_runner import v2_requested  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not v2_requested(), reason="V2 runner run only (RANDKV_TEST_RUNNER=v2)"
-)
+pytestmark = [
+    pytest.mark.skipif(not v2_requested(), reason="V2 runner run only (RANDKV_TEST_RUNNER=v2)"),
+    pytest.mark.vllm,
+    pytest.mark.v2,
+]
 
 from vllm import SamplingParams  # noqa: E402
 
