@@ -46,8 +46,9 @@ echo "randkv check exit status $status" | tee -a "$OUT/check.log"
 # pytest-timeout bounds each test where it is installed; `timeout` bounds each file anyway.
 per_test=""
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then per_test="--timeout=120"; fi
-for file in tests/test_spec.py tests/test_planner_compactor.py tests/test_hostsync.py \
-    tests/test_triton_compactor.py tests/test_triton_planner.py tests/test_randkv_check.py; do
+for file in tests/spec/test_spec.py tests/kernels/test_planner_compactor.py \
+    tests/kernels/test_hostsync.py tests/kernels/test_triton_compactor.py \
+    tests/kernels/test_triton_planner.py tests/check/test_randkv_check.py; do
   log="$OUT/pytest-$(basename "$file" .py).log"
   echo "== pytest $file (limit ${TEST_LIMIT_S}s)" | tee "$log"
   timeout -k 10 "$TEST_LIMIT_S" "$PY" -m pytest -q -rfEs -p no:cacheprovider $per_test "$file" 2>&1 | tee -a "$log"

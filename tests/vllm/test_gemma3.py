@@ -8,8 +8,9 @@ RandKV bounds the full-attention group and leaves the window groups to vLLM
 (docs/vllm-integration.md, "Sliding-window models"). Its tests run the real weights with the
 window cut to 64 tokens (config.json only), so that a short generation passes the window
 too; the Transformers adapter (checked against a from-scratch oracle in
-test_hf_mixed_layers.py) and `randkv.spec` are the oracles. `make test-v2` runs the RandKV
-tests on vLLM's V2 model runner too (tests/v2_runner.py); plain vLLM's own check runs once.
+tests/hf/test_mixed_layers.py) and `randkv.spec` are the oracles. `make test-v2` runs the
+RandKV tests on vLLM's V2 model runner too (tests/support/v2_runner.py); plain vLLM's own
+check runs once.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def _plain_run(tiny_model_path: str, plugins: str | None) -> dict:
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1")
     env.pop("VLLM_PLUGINS", None)
     # The plugin's pass-through, on vLLM's default runner (the V2 test run's Triton
-    # interpreter backend is registered in the pytest process only: tests/v2_runner.py).
+    # interpreter backend is registered in the pytest process only: tests/support/v2_runner.py).
     for name in ("VLLM_USE_V2_MODEL_RUNNER", "TRITON_INTERPRET"):
         env.pop(name, None)
     if plugins is not None:

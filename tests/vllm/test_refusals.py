@@ -40,7 +40,7 @@ def test_call_site_forms():
 
 
 def test_a_model_whose_every_layer_slides_is_refused_at_start(tiny_model_path, tmp_path):
-    """Mixed models are served (test_vllm_gemma3.py); with no full-attention layer there is
+    """Mixed models are served (tests/vllm/test_gemma3.py); with no full-attention layer there is
     nothing for RandKV to bound."""
     import shutil
 

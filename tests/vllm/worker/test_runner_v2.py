@@ -1,5 +1,5 @@
 """vLLM's V2 model runner as RandKV changes it (run with RANDKV_TEST_RUNNER=v2, see
-tests/v2_runner.py): what attention gets every step, read where a CUDA graph reads it.
+tests/support/v2_runner.py): what attention gets every step, read where a CUDA graph reads it.
 
 V2 keeps its per-step inputs in persistent buffers (`input_buffers.positions`, `.seq_lens`,
 `block_tables.slot_mappings`) that a full CUDA graph replays from. Checked against the spec
