@@ -95,6 +95,9 @@ def default_model() -> str:
         raise SystemExit(f"randkv demo: {error}") from error
 
 
+_LOG_FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
+
+
 def send_vllm_logs_to(log_path: Path) -> None:
     """Write this process's vLLM log records to `log_path` instead of the terminal.
 
@@ -106,7 +109,7 @@ def send_vllm_logs_to(log_path: Path) -> None:
     config = {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": "%(levelname)s %(asctime)s %(name)s: %(message)s"}},
+        "formatters": {"plain": {"format": _LOG_FORMAT}},
         "handlers": {
             "file": {
                 "class": "logging.FileHandler",
@@ -136,7 +139,7 @@ def send_vllm_logs_to(log_path: Path) -> None:
             logger.removeHandler(handler)
     if not logger.handlers:
         file_handler = logging.FileHandler(target)
-        file_handler.setFormatter(logging.Formatter(config["formatters"]["plain"]["format"]))
+        file_handler.setFormatter(logging.Formatter(_LOG_FORMAT))
         logger.addHandler(file_handler)
     logger.propagate = False
 
@@ -275,7 +278,7 @@ def _picture(
     if served_default:
         from randkv.models import build_tiny_checkpoint
 
-        model = str(build_tiny_checkpoint(**PICTURE_MODEL_PARAMS))
+        model = str(build_tiny_checkpoint(None, **PICTURE_MODEL_PARAMS))
         which = " of the tiny test model (8 KV heads; what a head keeps never depends on weights)"
     summary = retention(model, results, settings.randkv, settings.retention_tokens)
     line = (

@@ -12,12 +12,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from randkv.bench.timing import machine_info
 from randkv.spec.config import RandKVConfig
+
+if TYPE_CHECKING:
+    from randkv.hf.cache import RandKVCache
+
+#: One timed generation: its output ids, and the RandKV cache it used (None: dense).
+Generation = tuple[torch.Tensor, "RandKVCache | None"]
 
 
 def _prompts(batch: int, length: int, vocab: int) -> torch.Tensor:
@@ -28,11 +34,11 @@ def _prompts(batch: int, length: int, vocab: int) -> torch.Tensor:
 
 
 def _measure(
-    fn: Callable[[], tuple[torch.Tensor, Any]], *, repeats: int, prompt_length: int
-) -> tuple[dict[str, Any], torch.Tensor]:
+    fn: Callable[[], Generation], *, repeats: int, prompt_length: int
+) -> tuple[dict[str, float | int], torch.Tensor]:
     """Median wall time of `fn` (after one warm-up), and the tokens of that run."""
     fn()
-    samples: list[tuple[float, torch.Tensor, Any]] = []
+    samples: list[tuple[float, torch.Tensor, RandKVCache | None]] = []
     for _ in range(repeats):
         start = time.perf_counter()
         out, cache = fn()
@@ -40,7 +46,7 @@ def _measure(
     samples.sort(key=lambda s: s[0])
     seconds, out, cache = samples[len(samples) // 2]
     new_tokens = out.shape[0] * (out.shape[1] - prompt_length)
-    result: dict[str, Any] = {
+    result: dict[str, float | int] = {
         "seconds": seconds,
         "min_seconds": samples[0][0],
         "new_tokens": new_tokens,
@@ -85,23 +91,29 @@ def run(
     config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
     config.check_prompt(prompt)
     path = Path(model_path) if model_path is not None else build_tiny_checkpoint()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # Transformers' decorator on `PreTrainedModel.to` loses the method's self binding.
+    model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     text = model.config.get_text_config(decoder=True)
     # No early stop: every run generates exactly new_tokens per row.
-    common = {"max_new_tokens": new_tokens, "do_sample": False, "eos_token_id": None}
+    common: dict[str, Any] = {
+        "max_new_tokens": new_tokens,
+        "do_sample": False,
+        "eos_token_id": None,
+    }
     runs = []
     for batch in batch_sizes:
         ids = _prompts(batch, prompt, text.vocab_size).to(device)
 
-        def dense(ids: torch.Tensor = ids) -> tuple[torch.Tensor, None]:
+        def dense(ids: torch.Tensor = ids) -> Generation:
             return model.generate(ids, **common), None
 
-        def ours(ids: torch.Tensor = ids) -> tuple[torch.Tensor, Any]:
+        def ours(ids: torch.Tensor = ids) -> Generation:
             cache = rh.RandKVCache.from_inputs(model, ids, randkv=config)
             return rh.generate(model, ids, cache=cache, randkv=config, **common), cache
 
-        def stock(ids: torch.Tensor = ids) -> tuple[torch.Tensor, Any]:
+        def stock(ids: torch.Tensor = ids) -> Generation:
             cache = rh.RandKVCache.from_inputs(model, ids, randkv=config)
             return model.generate(ids, cache=cache, **common), cache
 

@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from randkv import spec
 from randkv.hf.support import check_supported, randkv_layers
@@ -128,6 +133,20 @@ class _RandKVLayer(CacheLayerMixin):
         self.owner = owner
         self.layer_idx = layer_idx
 
+    @property
+    def key_buffer(self) -> torch.Tensor:
+        """(batch, kv_heads, K + 2r, head_dim) keys; raises before the first write."""
+        if self.keys is None:
+            raise RuntimeError(f"layer {self.layer_idx} holds nothing yet")
+        return self.keys
+
+    @property
+    def value_buffer(self) -> torch.Tensor:
+        """(batch, kv_heads, K + 2r, head_dim) values; raises before the first write."""
+        if self.values is None:
+            raise RuntimeError(f"layer {self.layer_idx} holds nothing yet")
+        return self.values
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, head_dim = key_states.shape
         capacity = self.owner.config.max_physical_length
@@ -197,6 +216,9 @@ class RandKVCache(Cache):
             (a `randkv.selectors.Selector`); None (default) is `RandKV()`, the spec itself.
     """
 
+    #: slot -> absolute position of every (row, layer, head), when `track_positions`.
+    _positions: torch.Tensor | None
+
     def __init__(
         self,
         model_or_config: Any,
@@ -249,21 +271,40 @@ class RandKVCache(Cache):
         self.observing = False  # attention hooks are installed (randkv.hf.attention_hooks)
         self._given_prompts = None if prompt_lengths is None else [int(p) for p in prompt_lengths]
         self._key_tensor = to_key_tensor(keys)
-        window = getattr(text, "sliding_window", None)
         #: W of the sliding-window layers (None: every layer is full attention).
-        self.sliding_window: int | None = None if len(self.layer_ids) == self.num_layers else window
-        super().__init__(
-            layers=[
-                _RandKVLayer(self, i) if i in self._ordinal else DynamicSlidingWindowLayer(window)
-                for i in range(self.num_layers)
-            ]
-        )
+        self.sliding_window: int | None = None
+        layers: list[CacheLayerMixin | LinearAttentionCacheLayerMixin] = []
+        for i in range(self.num_layers):
+            if i in self._ordinal:
+                layers.append(_RandKVLayer(self, i))
+                continue
+            if self.sliding_window is None:
+                window = getattr(text, "sliding_window", None)
+                if window is None:
+                    raise ValueError(f"layer {i} is not full attention, but no sliding_window")
+                self.sliding_window = int(window)
+            layers.append(DynamicSlidingWindowLayer(self.sliding_window))
+        super().__init__(layers=layers)
         self._reset_state()
 
     @property
     def _randkv_layers(self) -> list[_RandKVLayer]:
         """The full-attention layers' buffers, in `layer_ids` order."""
-        return [self.layers[i] for i in self.layer_ids]
+        return [self._buffers(i) for i in self.layer_ids]
+
+    def _buffers(self, layer: int) -> _RandKVLayer:
+        """The buffers of a full-attention model layer."""
+        found = self.layers[layer]
+        if not isinstance(found, _RandKVLayer):
+            raise TypeError(f"layer {layer} is {type(found).__name__}, not RandKV's")
+        return found
+
+    def _window(self, layer: int) -> CacheLayerMixin:
+        """Transformers' own cache of a sliding-window model layer."""
+        found = self.layers[layer]
+        if not isinstance(found, CacheLayerMixin):
+            raise TypeError(f"layer {layer} is {type(found).__name__}, not a sliding window")
+        return found
 
     def _ordinal_of(self, layer: int) -> int:
         """Index of a full-attention model layer among `layer_ids`."""
@@ -420,11 +461,9 @@ class RandKVCache(Cache):
         (full-attention layers only)."""
         self._ordinal_of(layer)
         self.flush()
-        layer_cache = self.layers[layer]
-        if not layer_cache.is_initialized:
-            raise RuntimeError(f"layer {layer} holds nothing yet")
+        buffers = self._buffers(layer)
         length = self._length[row]
-        return layer_cache.keys[row, :, :length], layer_cache.values[row, :, :length]
+        return buffers.key_buffer[row, :, :length], buffers.value_buffer[row, :, :length]
 
     # ----------------------------------------------------------------- stepping
 
@@ -548,27 +587,28 @@ class RandKVCache(Cache):
                 f"RandKVCache: layer {layer_idx} got keys of shape {tuple(key_states.shape)}; "
                 f"this step expects ({self.batch_rows}, heads, {step.query_length}, head_dim)"
             )
-        layer = self.layers[layer_idx]
         if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
             step.next_layer += 1
             if step.next_layer == self.num_layers:
                 self._step = None
-            return layer.update(key_states, value_states)
+            return self._window(layer_idx).update(key_states, value_states)
+        layer = self._buffers(layer_idx)
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
             self._groups = None
+        keys, values = layer.key_buffer, layer.value_buffer
         if step.start is not None:  # every row writes the same slot range
             end = step.start + step.query_length
-            layer.keys[:, :, step.start : end] = key_states
-            layer.values[:, :, step.start : end] = value_states
+            keys[:, :, step.start : end] = key_states
+            values[:, :, step.start : end] = value_states
         else:
-            rows, cols, slots = step.indices(layer.keys.device)
-            layer.keys[rows, :, slots] = key_states[rows, :, cols].to(layer.keys.dtype)
-            layer.values[rows, :, slots] = value_states[rows, :, cols].to(layer.values.dtype)
+            rows, cols, slots = step.indices(keys.device)
+            keys[rows, :, slots] = key_states[rows, :, cols].to(keys.dtype)
+            values[rows, :, slots] = value_states[rows, :, cols].to(values.dtype)
         step.next_layer += 1
         if step.next_layer == self.num_layers:
             self._step = None
-        return layer.keys[:, :, : step.kv_length], layer.values[:, :, : step.kv_length]
+        return keys[:, :, : step.kv_length], values[:, :, : step.kv_length]
 
     # ----------------------------------------------------------------- rounds
 
@@ -584,7 +624,7 @@ class RandKVCache(Cache):
         if not all(layer.is_initialized for layer in layers):
             raise RuntimeError("RandKVCache: a round is due but some layers hold no keys")
         start = time.perf_counter()
-        device = layers[0].keys.device
+        device = layers[0].key_buffer.device
         view = self._round_view(due, device)
         plan = RoundPlan.of(self.config, self.selector.select(view).to(device))
         _synchronize(device)
@@ -595,8 +635,8 @@ class RandKVCache(Cache):
                 sources=plan.sources.to(group_device),
             )
             tables = view.rows.to(group_device)[:, None]
-            self._compactor.apply(sub, [layers[j].keys for j in layer_ids], tables)
-            self._compactor.apply(sub, [layers[j].values for j in layer_ids], tables)
+            self._compactor.apply(sub, [layers[j].key_buffer for j in layer_ids], tables)
+            self._compactor.apply(sub, [layers[j].value_buffer for j in layer_ids], tables)
         _synchronize(device)
         compacted = time.perf_counter()
         self._move_slot_state(view, plan)
@@ -628,7 +668,10 @@ class RandKVCache(Cache):
     def _round_keys(self, rows: torch.Tensor) -> torch.Tensor:
         """(n, layers, kv_heads, K + 2r, head_dim) float32 copies of the due rows' keys."""
         return torch.stack(
-            [layer.keys[rows.to(layer.keys.device)].float().cpu() for layer in self._randkv_layers],
+            [
+                layer.key_buffer[rows.to(layer.key_buffer.device)].float().cpu()
+                for layer in self._randkv_layers
+            ],
             1,
         )
 
@@ -664,7 +707,8 @@ class RandKVCache(Cache):
         if self._groups is None:
             groups: dict[tuple[Any, ...], list[int]] = {}
             for i, layer in enumerate(self._randkv_layers):
-                key = (layer.keys.device, tuple(layer.keys.shape), layer.keys.stride())
+                keys = layer.key_buffer
+                key = (keys.device, tuple(keys.shape), keys.stride())
                 groups.setdefault(key, []).append(i)
             self._groups = [(ids, key[0]) for key, ids in groups.items()]
         return self._groups
@@ -685,14 +729,15 @@ class RandKVCache(Cache):
         """Slot of the next query: the physical length once a due round is applied (a
         sliding-window layer: its columns so far)."""
         if layer_idx not in self._ordinal:  # its columns written so far
-            return self.layers[layer_idx].get_seq_length()
+            return self._window(layer_idx).get_seq_length()
         return self._uniform_length()
 
     def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0) -> tuple[int, int]:
         """(kv_length, kv_offset) of the standard mask; `query` is the query length, or (older
         5.x releases) the tensor of query cache positions."""
         if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
-            return self.layers[layer_idx].get_mask_sizes(query)
+            # Older 5.x releases take the tensor of query cache positions.
+            return self._window(layer_idx).get_mask_sizes(query)  # type: ignore[arg-type]
         query_length = query if isinstance(query, int) else int(query.shape[-1])
         return self._uniform_length() + query_length, 0
 

@@ -202,7 +202,7 @@ def generate(
     generator: torch.Generator | None = None,
     cache: RandKVCache | None = None,
     **kwargs: Any,
-) -> torch.LongTensor:
+) -> torch.Tensor:
     """Generate with RandKV eviction; returns (batch, prompt columns + new tokens) like
     `model.generate`.
 
@@ -219,18 +219,18 @@ def generate(
     `selector`); randkv is then ignored. A selector that reads attention gets it through
     `randkv.hf.attention_hooks` (the model must use eager attention).
     """
-    if cache is None and (randkv is None or randkv is False):
-        if request_keys is not None:
-            raise ValueError("request_keys need randkv=...; randkv=None runs dense generation")
-        return model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=generation_config,
-            **kwargs,
-        )
-    config = _resolve_generation_config(model, generation_config, kwargs)
-    check_supported(model.config)
     if cache is None:
+        if randkv is None or randkv is False:
+            if request_keys is not None:
+                raise ValueError("request_keys need randkv=...; randkv=None runs dense generation")
+            dense: torch.Tensor = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                **kwargs,
+            )
+            return dense
+        check_supported(model.config)
         cache = RandKVCache.from_inputs(
             model, input_ids, attention_mask, randkv=randkv, request_keys=request_keys
         )
@@ -247,6 +247,8 @@ def generate(
             )
         if any(cache.prompt_length(b) not in (None, len(row)) for b, row in enumerate(rows)):
             raise ValueError("cache= was built for other prompt lengths than this batch")
+        check_supported(model.config)
+    config = _resolve_generation_config(model, generation_config, kwargs)
     max_new = config.max_new_tokens
     if max_new is None:
         max_new = max(0, (config.max_length or 20) - input_ids.shape[1])
@@ -267,7 +269,8 @@ def generate(
     with attention_hooks(model, cache), torch.inference_mode():
         for step in range(max_new):
             logits = session.forward(step_ids, step_real)
-            scores = processors(sequences, logits)
+            # Transformers annotates the legacy LongTensor / FloatTensor types; any tensor works.
+            scores = processors(sequences, logits)  # type: ignore[arg-type]
             if config.do_sample:
                 probs = torch.softmax(scores, dim=-1)
                 next_tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -293,7 +296,7 @@ def forced_decode(
     *,
     cache: RandKVCache,
     on_step: Callable[[int, RandKVCache], None] | None = None,
-) -> torch.LongTensor:
+) -> torch.Tensor:
     """Decode `forced.shape[1]` tokens per row over `cache`: where `forced` (batch, steps) is
     >= 0 that token is written, where it is -1 the greedy token is; returns the new tokens.
 

@@ -274,7 +274,7 @@ class RoundPlanner:
         prompt_t, second_t, order_t, inverse_t, compacted_t = host_to_device(packed, device).view(
             5, batch
         )
-        if tensor_keys:
+        if isinstance(request_keys, torch.Tensor):
             keys = host_to_device(request_keys.to(torch.int64), device)
             streams = self.stream_keys(keys, second_t)
         else:
@@ -337,7 +337,11 @@ class RoundPlanner:
         on_device = host_to_device(packed, device)
         prompt_t, state_t, cap_t, compacted_t = on_device[: 4 * batch].view(4, batch)
         ok = on_device[4 * batch :]
-        keys = host_to_device(request_keys.to(torch.int64), device) if tensor_keys else None
+        keys = (
+            host_to_device(request_keys.to(torch.int64), device)
+            if isinstance(request_keys, torch.Tensor)
+            else None
+        )
         r = self.config.buffer_size
         out = torch.empty((batch, self._site_flat.numel(), r), dtype=torch.int64, device=device)
         triton_planner.plan_rows(

@@ -282,11 +282,13 @@ def _tokenizer_json() -> str:
     vocab = {ch: b for b, ch in _byte_to_unicode().items()}
     for offset, tok in enumerate(SPECIAL_TOKENS):
         vocab[tok] = 256 + offset
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return tok.to_str(pretty=True) + "\n"
+    bpe = models.BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False)
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    tokenizer.add_special_tokens(special)
+    return tokenizer.to_str(pretty=True) + "\n"
 
 
 def _tokenizer_config() -> dict[str, Any]:

@@ -10,7 +10,7 @@ takes any of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import is_dataclass, replace
 from functools import partial
 
 from randkv.selectors.base import Selector
@@ -46,6 +46,8 @@ def _by_name(policies: tuple[Selector, ...]) -> dict[str, Callable[[], Selector]
     for policy in policies:
         if policy.name in factories:
             raise ValueError(f"two registered policies are called {policy.name!r}")
+        if not is_dataclass(policy):
+            raise TypeError(f"policy {policy.name!r} is not a dataclass")
         # A frozen dataclass copied with no changes: a fresh selector with these parameters.
         factories[policy.name] = partial(replace, policy)
     return factories

@@ -15,9 +15,13 @@ budgets).
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from randkv.spec.config import RandKVConfig
+
+if TYPE_CHECKING:  # read by type checkers only: the spec imports no numpy or torch
+    import numpy
+    import torch
 
 
 def num_rounds(config: RandKVConfig, *, prompt_length: int, tokens_seen: int) -> int:
@@ -52,7 +56,8 @@ def _request_config(config: RandKVConfig, prompt_length: int, tokens_seen: int) 
     return config.for_request(prompt_length)
 
 
-Counts = TypeVar("Counts")  # int, numpy.ndarray or torch.Tensor (integer dtype)
+#: Tokens-seen counts: an int, or a numpy array or torch tensor of an integer dtype.
+Counts = TypeVar("Counts", int, "numpy.ndarray", "torch.Tensor")
 
 
 def rounds_completed(

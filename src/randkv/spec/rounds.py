@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from randkv.spec.config import RandKVConfig
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RoundPlan", "move_slots", "source_slots"]
 
-#: A Python list (one request, one head) or a tensor of any leading shape, slots last.
-State = TypeVar("State", list[Any], "torch.Tensor")
+#: One slot's value in a Python list of per-slot state.
+Value = TypeVar("Value")
 
 
 def source_slots(config: RandKVConfig) -> range:
@@ -31,13 +31,29 @@ def source_slots(config: RandKVConfig) -> range:
     return range(config.compacted_length, config.max_physical_length)
 
 
+@overload
 def move_slots(
-    state: State,
+    state: list[Value], holes: Sequence[int], sources: Sequence[int], *, fill: Value | None = None
+) -> list[Value]: ...
+
+
+@overload
+def move_slots(
+    state: torch.Tensor,
+    holes: torch.Tensor,
+    sources: Sequence[int] | torch.Tensor,
+    *,
+    fill: float | None = None,
+) -> torch.Tensor: ...
+
+
+def move_slots(
+    state: list[Value] | torch.Tensor,
     holes: Sequence[int] | torch.Tensor,
     sources: Sequence[int] | torch.Tensor,
     *,
-    fill: Any = None,
-) -> State:
+    fill: Any = None,  # the overloads type it: a list's value, or a tensor's number
+) -> list[Value] | torch.Tensor:
     """Apply a round's moves in place along the last dimension and return `state`.
 
     state[..., holes[..., i]] takes state[..., sources[i]]; then, if `fill` is given, the
@@ -55,15 +71,17 @@ def move_slots(
                 state[s] = fill
         return state
     device = state.device
-    if hasattr(sources, "dim") and sources.dim() == 2:  # one row of sources per request
+    # A tensor state takes tensor holes (the overloads); `torch` is not imported here.
+    holes = cast("torch.Tensor", holes).to(device)
+    if not isinstance(sources, Sequence) and sources.dim() == 2:  # a row per request
         rows = sources.to(device).reshape(sources.shape[0], *[1] * (state.dim() - 2), -1)
         rows = rows.expand(*state.shape[:-1], rows.shape[-1])
-        state.scatter_(-1, holes.to(device), state.gather(-1, rows))  # type: ignore[union-attr]
+        state.scatter_(-1, holes, state.gather(-1, rows))
         if fill is not None:
             state.scatter_(-1, rows, fill)
         return state
-    index = sources.to(device) if hasattr(sources, "to") else list(sources)
-    state.scatter_(-1, holes.to(device), state[..., index])  # type: ignore[union-attr]
+    index = list(sources) if isinstance(sources, Sequence) else sources.to(device)
+    state.scatter_(-1, holes, state[..., index])
     if fill is not None:
         state[..., index] = fill
     return state
@@ -101,6 +119,6 @@ class RoundPlan:
     def num_moves(self) -> int:
         return self.evicted.numel()
 
-    def apply(self, state: torch.Tensor, *, fill: Any = None) -> torch.Tensor:
+    def apply(self, state: torch.Tensor, *, fill: float | None = None) -> torch.Tensor:
         """`move_slots` with this plan's moves; state has the plan's leading shape."""
         return move_slots(state, self.evicted, self.sources, fill=fill)
