@@ -78,13 +78,14 @@ def _bench_serve_settings(args: argparse.Namespace) -> Any:
 
 def _bench_serve(args: argparse.Namespace) -> None:
     from randkv.bench import serve
+    from randkv.bench.records import to_json
 
     result = serve.run(_bench_serve_settings(args))
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(to_json(result), indent=2))
         return
     print(serve.format_table(result))
-    if result["repeats"] > 1:
+    if result.repeats > 1:
         print(serve.format_repeats(result))
     reference = serve.format_reference(result)
     if reference is not None:

@@ -31,6 +31,7 @@ from randkv.spec.config import RandKVConfig
 if TYPE_CHECKING:
     from randkv.bench.answers import AnswerPair
     from randkv.bench.serve import ServeBench
+    from randkv.bench.serve_result import ServeResult
     from randkv.bench.workload import BenchRequest
 
 # A request's KV stops growing at K + 2r = 160 tokens (10 blocks); a round every 16 tokens.
@@ -144,7 +145,30 @@ def send_vllm_logs_to(log_path: Path) -> None:
     logger.propagate = False
 
 
-def retention(model: str, results: Path, config: RandKVConfig, new_tokens: int) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class Retention:
+    """What the retention run found (`retention.json`): the positions each KV head of layer
+    0 holds, and whether they are the spec's."""
+
+    tokens_seen: int
+    prompt_length: int
+    kv_heads: int
+    kept_per_head: list[int]
+    matches_spec: bool
+    retained_positions_layer0: list[list[int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoRun:
+    """What the demo printed, as data."""
+
+    result: ServeResult  # the serving comparison
+    answers: AnswerPair  # the showcased request's two answers
+    retention: Retention
+    rounds: int  # RandKV rounds randkv.spec predicts for the workload
+
+
+def retention(model: str, results: Path, config: RandKVConfig, new_tokens: int) -> Retention:
     """`retention_in_process` in a child process whose output (vLLM's logs, from its engine
     processes too) goes to `retention.log`; returns its summary."""
     log_path = results / "retention.log"
@@ -157,12 +181,14 @@ def retention(model: str, results: Path, config: RandKVConfig, new_tokens: int) 
         raise RuntimeError(
             f"the retention run failed (exit {child.returncode}); {log_path}:\n{tail}"
         )
-    return json.loads((results / "retention.json").read_text())
+    from randkv.bench.records import from_json
+
+    return from_json(Retention, json.loads((results / "retention.json").read_text()))
 
 
 def retention_in_process(
     model: str, results: Path, config: RandKVConfig, new_tokens: int
-) -> dict[str, Any]:
+) -> Retention:
     """Generate one request with the offline engine, read back which absolute positions each
     KV head of layer 0 holds, check them against `randkv.spec`, and draw them."""
     # The worker process (vLLM's default multi-process layout) keeps slot -> position maps.
@@ -170,6 +196,7 @@ def retention_in_process(
     from vllm import SamplingParams
 
     from randkv.bench.plots import plot_retention
+    from randkv.bench.records import to_json
     from randkv.spec import request_key_from_text, retained_positions
     from randkv.vllm import LLM
 
@@ -215,36 +242,39 @@ def retention_in_process(
         layer=0,
         path=results / "retention.png",
     )
-    summary = {
-        "tokens_seen": tokens_seen,
-        "prompt_length": prompt,
-        "kv_heads": len(retained),
-        "kept_per_head": [len(r) for r in retained],
-        "matches_spec": retained == expected,
-        "retained_positions_layer0": retained,
-    }
-    (results / "retention.json").write_text(json.dumps(summary))
+    summary = Retention(
+        tokens_seen=tokens_seen,
+        prompt_length=prompt,
+        kv_heads=len(retained),
+        kept_per_head=[len(r) for r in retained],
+        matches_spec=retained == expected,
+        retained_positions_layer0=retained,
+    )
+    (results / "retention.json").write_text(json.dumps(to_json(summary)))
     del llm
     return summary
 
 
 def showcase_pair(
-    result: dict[str, Any], requests: list[BenchRequest], index: int, tokenizer: Any
+    result: ServeResult, requests: list[BenchRequest], index: int, tokenizer: Any
 ) -> AnswerPair:
     """Request `index`'s answers from the representative repeat of both arms."""
     from randkv.bench.answers import AnswerPair
 
     request = requests[index]
-    plain, ours = (result["arms"][arm]["outputs"][index] for arm in ("plain", "randkv"))
-    if plain["index"] != index or ours["index"] != index:
+    arms = result.arms
+    if arms.plain.outputs is None or arms.randkv.outputs is None or arms.randkv.randkv is None:
+        raise RuntimeError("the result kept no outputs (serve.run(..., keep_outputs=True))")
+    plain, ours = arms.plain.outputs[index], arms.randkv.outputs[index]
+    if plain.index != index or ours.index != index:
         raise RuntimeError("the arms' outputs are not in request order")
     question = request.question or tokenizer.decode(request.prompt_token_ids)
     return AnswerPair(
         question=question,
         prompt_length=len(request.prompt_token_ids),
-        plain=plain["token_ids"],
-        randkv=ours["token_ids"],
-        config=RandKVConfig(**result["arms"]["randkv"]["randkv"]),
+        plain=plain.token_ids,
+        randkv=ours.token_ids,
+        config=arms.randkv.randkv,
     )
 
 
@@ -272,7 +302,7 @@ def _describe(model: str, results: Path, bench: ServeBench, requests: list[Bench
 
 def _picture(
     model: str, served_default: bool, results: Path, settings: DemoSettings
-) -> tuple[dict[str, Any], str]:
+) -> tuple[Retention, str]:
     """The retention run and its line: on the tiny model when serving the default model."""
     which = ""
     if served_default:
@@ -282,10 +312,10 @@ def _picture(
         which = " of the tiny test model (8 KV heads; what a head keeps never depends on weights)"
     summary = retention(model, results, settings.randkv, settings.retention_tokens)
     line = (
-        f"Retention{which}: after {summary['tokens_seen']} tokens each of the "
-        f"{summary['kv_heads']} KV heads of layer 0 keeps {summary['kept_per_head'][0]} "
-        f"positions (the {summary['prompt_length']}-token prompt, the newest ones and its own "
-        f"random sample); engine slot maps equal randkv.spec: {summary['matches_spec']}"
+        f"Retention{which}: after {summary.tokens_seen} tokens each of the "
+        f"{summary.kv_heads} KV heads of layer 0 keeps {summary.kept_per_head[0]} "
+        f"positions (the {summary.prompt_length}-token prompt, the newest ones and its own "
+        f"random sample); engine slot maps equal randkv.spec: {summary.matches_spec}"
     )
     return summary, line
 
@@ -294,8 +324,8 @@ def run(
     model: str | None = None,
     results_dir: str = "results/demo",
     settings: DemoSettings | None = None,
-) -> dict[str, Any]:
-    """The whole demo; returns what it printed, as data (`result`, `answers`, `retention`)."""
+) -> DemoRun:
+    """The whole demo; returns what it printed, as data."""
     from transformers import AutoTokenizer
 
     settings = settings or DemoSettings()
@@ -318,7 +348,8 @@ def run(
     # A short run with a long tail of few requests: the 2x target belongs to the full
     # benchmark, `randkv bench serve`.
     print(serve.format_table(result, with_target=False))
-    observed = result["arms"]["randkv"]["eviction"]["rounds"]
+    eviction = result.arms.randkv.eviction
+    observed = eviction.rounds if eviction is not None else 0
     predicted = expected_rounds(bench.randkv, requests)
     print(f"RandKV rounds: {observed} on the server, {predicted} predicted by randkv.spec")
     print("(the full iso-memory comparison and its targets: `randkv bench serve`)\n")
@@ -330,7 +361,7 @@ def run(
         f"\nWrote {results / 'result.json'} (both arms' answers too), "
         f"{results / 'timeline.png'}, {results / 'retention.png'}; vLLM's logs: {results}/*.log"
     )
-    return {"result": result, "answers": pair, "retention": summary, "rounds": predicted}
+    return DemoRun(result=result, answers=pair, retention=summary, rounds=predicted)
 
 
 def _main(argv: list[str]) -> None:

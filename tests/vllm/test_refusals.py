@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.vllm]
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"speculative_config": {"method": "ngram"}}, "speculative decoding"),
+        ({"speculative_config": {"method": "deepseek_mtp"}}, "MTP speculation .* MLA and hybrid"),
+        ({"speculative_config": {"method": "mtp"}}, "MTP speculation"),
+        ({"speculative_config": {"method": "dflash"}}, "this speculation method"),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "KV transfer"),
         ({"pipeline_parallel_size": 2}, "pipeline parallelism"),
         ({"scheduler_cls": "my.Scheduler"}, "RandKV installs its own scheduler_cls"),
@@ -27,6 +29,14 @@ pytestmark = [pytest.mark.vllm]
 def test_refused_engine_arguments(kwargs, message):
     with pytest.raises(UnsupportedModeError, match=message):
         randkv_engine_kwargs(RandKVConfig(), kwargs)
+
+
+@pytest.mark.parametrize(
+    "method", ["ngram", "ngram_gpu", "suffix", "medusa", "draft_model", "eagle", "eagle3"]
+)
+def test_speculation_methods_randkv_runs_pass_the_call_site(method):
+    out = randkv_engine_kwargs(RandKVConfig(), {"speculative_config": {"method": method}})
+    assert out["speculative_config"] == {"method": method}
 
 
 def test_call_site_forms():

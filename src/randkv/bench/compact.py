@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from randkv.bench.records import to_json
 from randkv.bench.timing import machine_info, time_calls
 from randkv.kernels.compactor import KVLayout, PagedCompactor
 from randkv.kernels.planner import RoundPlanner
@@ -61,8 +62,7 @@ def run(
     target = torch.empty_like(source)
     hole = time_calls(lambda: compactor.apply(plan, caches, block_tables), repeats=repeats)
     copy = time_calls(lambda: target.copy_(source), repeats=repeats)
-    for timing in (hole, copy):
-        timing["gb_per_s"] = moved / (timing["median_ms"] * 1e-3) / 1e9
+    hole_gbps, copy_gbps = (moved / (t.median_ms * 1e-3) / 1e9 for t in (hole, copy))
     # The prototype's design at its best: one contiguous copy of every retained token.
     retained = torch.empty(bytes_per_round["copy_retained"], dtype=torch.uint8)
     retained_target = torch.empty_like(retained)
@@ -84,10 +84,10 @@ def run(
             "forward_packing_vs_hole_filling": bytes_per_round["forward_packing"] / moved,
             "copy_retained_vs_hole_filling": bytes_per_round["copy_retained"] / moved,
         },
-        "hole_filling": hole,
-        "torch_copy": copy,
-        "bandwidth_ratio": hole["gb_per_s"] / copy["gb_per_s"],
-        "copy_retained_contiguous": prototype,
-        "round_speedup_vs_copy_retained": prototype["median_ms"] / hole["median_ms"],
-        "machine": machine_info(threads),
+        "hole_filling": {**hole.as_dict(), "gb_per_s": hole_gbps},
+        "torch_copy": {**copy.as_dict(), "gb_per_s": copy_gbps},
+        "bandwidth_ratio": hole_gbps / copy_gbps,
+        "copy_retained_contiguous": prototype.as_dict(),
+        "round_speedup_vs_copy_retained": prototype.median_ms / hole.median_ms,
+        "machine": to_json(machine_info(threads)),
     }

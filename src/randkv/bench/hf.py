@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from randkv.bench.records import to_json
 from randkv.bench.timing import machine_info
 from randkv.spec.config import RandKVConfig
 
@@ -147,5 +148,5 @@ def run(
         "repeats": repeats,
         "device": device,
         "runs": runs,
-        "machine": machine_info(threads),
+        "machine": to_json(machine_info(threads)),
     }

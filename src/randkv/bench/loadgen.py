@@ -6,12 +6,18 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import httpx
 
 from randkv.bench.server import SERVED_MODEL_NAME
 from randkv.bench.workload import BenchRequest
+
+
+class Progress(Protocol):
+    """What the load generator reports to: a progress bar (tqdm's) or nothing."""
+
+    def update(self, n: int) -> object: ...
 
 
 @dataclass
@@ -42,7 +48,7 @@ class RequestTrace:
 
 
 async def _stream_one(
-    http: httpx.AsyncClient, base_url: str, request: BenchRequest, t0: float, progress: Any
+    http: httpx.AsyncClient, base_url: str, request: BenchRequest, t0: float, progress: Progress
 ) -> RequestTrace:
     trace = RequestTrace(request.index, time.perf_counter() - t0)
     body = {
@@ -80,7 +86,7 @@ async def _stream_one(
 
 
 async def run_load(
-    base_url: str, requests: list[BenchRequest], *, progress: Any
+    base_url: str, requests: list[BenchRequest], *, progress: Progress
 ) -> tuple[list[RequestTrace], float, float]:
     """Send every request at once (the server's max_num_seqs and KV pool decide what runs)
     and stream all responses. Returns the traces, the start as Unix time, and the makespan.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from randkv.spec import num_rounds, physical_length
 from randkv.spec.config import RandKVConfig
+
+if TYPE_CHECKING:
+    from randkv.bench.serve_result import ServeResult
 
 _ARM_STYLE = {
     "plain": {"label": "plain vLLM", "color": "tab:gray"},
@@ -24,29 +27,31 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_timeline(result: dict[str, Any], path: Path) -> None:
+def plot_timeline(result: ServeResult, path: Path) -> None:
     """Running requests and KV blocks in use over time, both arms on shared axes."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for arm, style in _ARM_STYLE.items():
-        timeline = result["arms"][arm]["timeline"]
-        top.step(timeline["t_s"], timeline["running_requests"], where="post", **style)
-        bottom.step(timeline["t_s"], timeline["kv_blocks"], where="post", **style)
-    engine = result["engine"]
-    bottom.axhline(engine["pool_blocks"] - 1, color="black", lw=0.8, ls="--", label="KV pool")
-    top.axhline(engine["max_num_seqs"], color="black", lw=0.8, ls=":", label="max_num_seqs")
+    for arm, style in (
+        (result.arms.plain, _ARM_STYLE["plain"]),
+        (result.arms.randkv, _ARM_STYLE["randkv"]),
+    ):
+        timeline = arm.timeline
+        top.step(timeline.t_s, timeline.running_requests, where="post", **style)
+        bottom.step(timeline.t_s, timeline.kv_blocks, where="post", **style)
+    engine = result.engine
+    bottom.axhline(engine.pool_blocks - 1, color="black", lw=0.8, ls="--", label="KV pool")
+    top.axhline(engine.max_num_seqs, color="black", lw=0.8, ls=":", label="max_num_seqs")
     top.set_ylabel("running requests")
     bottom.set_ylabel("KV blocks in use")
     bottom.set_xlabel("seconds since the first request")
     top.legend(loc="upper right")
     bottom.legend(loc="upper right")
-    workload = result["workload"]
-    ratio = result["ratios"]["output_tokens_per_s"]
-    repeats = result.get("repeats", 1)
-    which = f" (repeat {result['representative_repeat']} of {repeats})" if repeats > 1 else ""
+    ratio = result.ratios.output_tokens_per_s
+    repeats = result.repeats
+    which = f" (repeat {result.representative_repeat} of {repeats})" if repeats > 1 else ""
     top.set_title(
-        f"{workload['requests']} requests, {engine['pool_blocks']} blocks of "
-        f"{engine['block_size']} tokens: RandKV {ratio:.2f}x output tokens/s{which}"
+        f"{result.workload.requests} requests, {engine.pool_blocks} blocks of "
+        f"{engine.block_size} tokens: RandKV {ratio:.2f}x output tokens/s{which}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from randkv.bench.records import to_json
 from randkv.bench.timing import machine_info, time_calls
 from randkv.kernels.planner import RoundPlanner, to_key_tensor
 from randkv.spec.config import RandKVConfig
@@ -52,6 +53,19 @@ def run(
     one_key = to_key_tensor([12345])
     batch_keys = to_key_tensor(range(batch))
     generator = torch.Generator().manual_seed(0)
+    single = time_calls(lambda: planner.plan([prompt], one_key, [7]), repeats=repeats)
+    python_sample = time_calls(
+        lambda: _python_sample_round(n, buffer, layers, kv_heads, 12345, 7),
+        repeats=max(5, repeats // 3),
+    )
+    rand_topk = time_calls(
+        lambda: _rand_topk_round(n, buffer, layers, kv_heads, generator), repeats=repeats
+    )
+    batched = time_calls(
+        lambda: planner.plan([prompt] * batch, batch_keys, [7] * batch),
+        repeats=max(3, repeats // 6),
+    )
+    per_request_ms = batched.median_ms / batch
     results: dict[str, Any] = {
         "shape": {
             "layers": layers,
@@ -62,30 +76,19 @@ def run(
             "candidates": n,
             "batch": batch,
         },
-        "randkv": time_calls(lambda: planner.plan([prompt], one_key, [7]), repeats=repeats),
-        "python_sample": time_calls(
-            lambda: _python_sample_round(n, buffer, layers, kv_heads, 12345, 7),
-            repeats=max(5, repeats // 3),
-        ),
-        "rand_topk": time_calls(
-            lambda: _rand_topk_round(n, buffer, layers, kv_heads, generator), repeats=repeats
-        ),
-        "randkv_batched_64": time_calls(
-            lambda: planner.plan([prompt] * batch, batch_keys, [7] * batch),
-            repeats=max(3, repeats // 6),
-        ),
+        "randkv": single.as_dict(),
+        "python_sample": python_sample.as_dict(),
+        "rand_topk": rand_topk.as_dict(),
+        "randkv_batched_64": {**batched.as_dict(), "per_request_ms": per_request_ms},
     }
-    results["randkv_batched_64"]["per_request_ms"] = (
-        results["randkv_batched_64"]["median_ms"] / batch
-    )
-    base = results["randkv"]["median_ms"]
+    base = single.median_ms
     results["speedup"] = {
-        "vs_python_sample": results["python_sample"]["median_ms"] / base,
-        "vs_rand_topk": results["rand_topk"]["median_ms"] / base,
-        "batched_per_request_vs_single": base / results["randkv_batched_64"]["per_request_ms"],
+        "vs_python_sample": python_sample.median_ms / base,
+        "vs_rand_topk": rand_topk.median_ms / base,
+        "batched_per_request_vs_single": base / per_request_ms,
     }
     results["launches_per_step"] = launches_per_step(planner)
-    results["machine"] = machine_info(threads)
+    results["machine"] = to_json(machine_info(threads))
     return results
 
 

@@ -24,15 +24,40 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
-from randkv.bench.loadgen import RequestTrace, run_load
-from randkv.bench.serve_schema import SCHEMA_NAME, SCHEMA_VERSION, validate
+from randkv.bench.loadgen import Progress, RequestTrace, run_load
+from randkv.bench.records import to_json
+from randkv.bench.serve_result import (
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    SUMMARY_READERS,
+    Arm,
+    ArmName,
+    Engine,
+    Eviction,
+    PerArm,
+    Percentiles,
+    Ratios,
+    Reference,
+    RepeatSummary,
+    RequestOutput,
+    Run,
+    Scheduling,
+    ServeResult,
+    Spread,
+    SummaryGroup,
+    Targets,
+    Timeline,
+    Versions,
+)
+from randkv.bench.serve_schema import validate
 from randkv.bench.server import Server, running_server
 from randkv.bench.timing import machine_info
 from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
@@ -46,12 +71,23 @@ from randkv.vllm.sched.timeline import (
 
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_EVICTION_SHARE = 0.05
-ARMS = ("plain", "randkv")
+ARMS: tuple[ArmName, ArmName] = ("plain", "randkv")
 #: The optional third arm: plain vLLM with ample memory (`ServeBench.ample_pool_blocks`).
-AMPLE = "ample"
+AMPLE: ArmName = "ample"
+
+#: vLLM's engine arguments by their Python names (`max_num_seqs=8`); None: vLLM decides.
+EngineArgs = dict[str, str | int | float | bool | None]
+#: A progress bar factory: tqdm's keywords in, a context manager out.
+ProgressFactory = Callable[..., AbstractContextManager[Progress]]
 
 
-def platform_defaults(cuda: bool | None = None) -> dict[str, Any]:
+class PlatformDefaults(TypedDict):
+    dtype: str
+    gpu_memory_utilization: float
+    enforce_eager: bool
+
+
+def platform_defaults(cuda: bool | None = None) -> PlatformDefaults:
     """dtype, memory share and eager mode for the machine (cuda=None: ask torch).
 
     CPU: float32, eager, 20% of host memory. CUDA: bfloat16 (FlashAttention and FlashInfer
@@ -102,13 +138,20 @@ class ServeBench:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)  # frozen: resolve once, here
 
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype both arms run in (resolved for the platform at construction)."""
+        if self.dtype is None:
+            raise RuntimeError("ServeBench.dtype was not resolved")
+        return self.dtype
+
     def model_len(self) -> int:
         """vLLM refuses a max_model_len whose one sequence does not fit in the pool."""
         if self.max_model_len is not None:
             return self.max_model_len
         return self.workload.prompt_tokens[1] + self.workload.output_tokens[1]
 
-    def engine_args(self) -> dict[str, Any]:
+    def engine_args(self) -> EngineArgs:
         return {
             "dtype": self.dtype,
             "block_size": self.block_size,
@@ -142,12 +185,12 @@ class ServeBench:
             )
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def _percentiles(values: list[float]) -> Percentiles:
     if not values:
-        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+        return Percentiles(mean=0.0, p50=0.0, p90=0.0, p99=0.0)
     data = np.asarray(values, dtype=np.float64)
     p50, p90, p99 = np.percentile(data, [50, 90, 99])
-    return {"mean": float(data.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    return Percentiles(mean=float(data.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
 
 
 def _time_mean(t: list[float], values: list[float]) -> float:
@@ -169,25 +212,25 @@ def _wait_idle(server: Server, timeout: float = 60.0) -> dict[str, float]:
 
 def _timeline(
     rows: list[tuple[float, int, int, int]], start_unix: float, makespan: float
-) -> dict[str, list[float]]:
+) -> Timeline:
     """The scheduler's per-step record during the run, in seconds since its start."""
     kept = [row for row in rows if start_unix <= row[0] <= start_unix + makespan]
-    return {
-        "t_s": [row[0] - start_unix for row in kept],
-        "running_requests": [float(row[1]) for row in kept],
-        "waiting_requests": [float(row[2]) for row in kept],
-        "kv_blocks": [float(row[3]) for row in kept],
-    }
+    return Timeline(
+        t_s=[row[0] - start_unix for row in kept],
+        running_requests=[float(row[1]) for row in kept],
+        waiting_requests=[float(row[2]) for row in kept],
+        kv_blocks=[float(row[3]) for row in kept],
+    )
 
 
 def _summarize(
     randkv: RandKVConfig | None,
     traces: list[RequestTrace],
-    timeline: dict[str, list[float]],
+    timeline: Timeline,
     makespan: float,
     before: dict[str, float],
     after: dict[str, float],
-) -> dict[str, Any]:
+) -> Arm:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
@@ -198,31 +241,42 @@ def _summarize(
         planning = delta("randkv:planning_seconds_total")
         compaction = delta("randkv:compaction_seconds_total")
         step = delta("randkv:step_seconds_total")
-        eviction = {
-            "rounds": int(delta("randkv:rounds_total")),
-            "planning_s": planning,
-            "compaction_s": compaction,
-            "step_s": step,
-            "share_of_step_time": (planning + compaction) / step if step > 0 else 0.0,
-        }
-    return {
-        "randkv": None if randkv is None else dataclasses.asdict(randkv),
-        "requests_sent": len(traces),
-        "requests_completed": len(done),
-        "requests_failed": len(traces) - len(done),
-        "output_tokens": tokens,
-        "duration_s": makespan,
-        "output_tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
-        "running_requests_mean": _time_mean(timeline["t_s"], timeline["running_requests"]),
-        "running_requests_peak": max(timeline["running_requests"], default=0.0),
-        "preemptions": int(delta("vllm:num_preemptions_total")),
-        "kv_blocks_peak": int(max(timeline["kv_blocks"], default=0)),
-        "kv_blocks_mean": _time_mean(timeline["t_s"], timeline["kv_blocks"]),
-        "ttft_s": _percentiles([t.ttft for t in done if t.ttft is not None]),
-        "itl_s": _percentiles([t.itl for t in done if t.itl is not None]),
-        "eviction": eviction,
-        "timeline": timeline,
-    }
+        eviction = Eviction(
+            rounds=int(delta("randkv:rounds_total")),
+            planning_s=planning,
+            compaction_s=compaction,
+            step_s=step,
+            share_of_step_time=(planning + compaction) / step if step > 0 else 0.0,
+        )
+    return Arm(
+        randkv=randkv,
+        requests_sent=len(traces),
+        requests_completed=len(done),
+        requests_failed=len(traces) - len(done),
+        output_tokens=tokens,
+        duration_s=makespan,
+        output_tokens_per_s=tokens / makespan if makespan > 0 else 0.0,
+        running_requests_mean=_time_mean(timeline.t_s, timeline.running_requests),
+        running_requests_peak=max(timeline.running_requests, default=0.0),
+        preemptions=int(delta("vllm:num_preemptions_total")),
+        kv_blocks_peak=int(max(timeline.kv_blocks, default=0)),
+        kv_blocks_mean=_time_mean(timeline.t_s, timeline.kv_blocks),
+        ttft_s=_percentiles([t.ttft for t in done if t.ttft is not None]),
+        itl_s=_percentiles([t.itl for t in done if t.itl is not None]),
+        eviction=eviction,
+        timeline=timeline,
+    )
+
+
+def _scheduling(reported: str | None) -> Scheduling | None:
+    """The scheduling mode a timeline file reported."""
+    if reported is None:
+        return None
+    if reported == "async":
+        return "async"
+    if reported == "sync":
+        return "sync"
+    raise ValueError(f"the scheduler reported an unknown scheduling mode {reported!r}")
 
 
 def run_arm(
@@ -231,9 +285,9 @@ def run_arm(
     randkv: RandKVConfig | None,
     requests: list[BenchRequest],
     name: str,
-    progress_factory: Any,
+    progress_factory: ProgressFactory,
     keep_outputs: bool = False,
-) -> dict[str, Any]:
+) -> Arm:
     """One arm on a fresh server; with `keep_outputs`, its result also holds every request's
     streamed token ids and text (`outputs`, in request order)."""
     log = bench.results_dir / f"server-{name}.log"
@@ -254,12 +308,12 @@ def run_arm(
         after = _wait_idle(server)
     timeline = _timeline(read_timeline(timeline_file), start_unix, makespan)
     summary = _summarize(randkv, traces, timeline, makespan, before, after)
-    summary["scheduling"] = timeline_scheduling(timeline_file)  # as vLLM ran it
+    outputs = None
     if keep_outputs:
-        summary["outputs"] = [
-            {"index": t.index, "token_ids": t.token_ids, "text": t.text} for t in traces
-        ]
-    return summary
+        outputs = [RequestOutput(index=t.index, token_ids=t.token_ids, text=t.text) for t in traces]
+    # As vLLM ran it.
+    scheduling = _scheduling(timeline_scheduling(timeline_file))
+    return dataclasses.replace(summary, scheduling=scheduling, outputs=outputs)
 
 
 class _Null:
@@ -271,7 +325,7 @@ def _ratio(ours: float | None, plain: float | None) -> float | None:
     return ours / plain if ours is not None and plain else None
 
 
-def abba_order(repeats: int, *, ample: bool = False) -> list[tuple[int, str]]:
+def abba_order(repeats: int, *, ample: bool = False) -> list[tuple[int, ArmName]]:
     """(repeat, arm) in execution order: A B, B A, A B, ... (A = plain, B = RandKV).
 
     Each repeat is one adjacent pair, and every second pair is reversed, so a drift over
@@ -280,160 +334,148 @@ def abba_order(repeats: int, *, ample: bool = False) -> list[tuple[int, str]]:
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    order: list[tuple[int, str]] = []
+    order: list[tuple[int, ArmName]] = []
     for repeat in range(repeats):
-        pair = ARMS if repeat % 2 == 0 else ARMS[::-1]
+        pair: tuple[ArmName, ...] = ARMS if repeat % 2 == 0 else ARMS[::-1]
         arms = (*pair, AMPLE) if ample else pair
         order += [(repeat, arm) for arm in arms]
     return order
 
 
-#: What the repeat summary reports, read from one arm's run.
-SUMMARY_READERS: dict[str, Callable[[dict[str, Any]], float]] = {
-    "output_tokens_per_s": lambda run: run["output_tokens_per_s"],
-    "ttft_p50_s": lambda run: run["ttft_s"]["p50"],
-    "itl_p50_s": lambda run: run["itl_s"]["p50"],
-}
-
-
-def spread(values: list[float | None]) -> dict[str, Any]:
+def spread(values: Sequence[float | None]) -> Spread:
     """Median and range (min, max) of the known values; every value is kept."""
-    known = [v for v in values if v is not None]
-    if not known:
-        return {"median": None, "min": None, "max": None, "values": list(values)}
-    return {
-        "median": statistics.median(known),
-        "min": min(known),
-        "max": max(known),
-        "values": list(values),
-    }
+    return Spread.of(values)
 
 
-def summarize_repeats(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+#: Every run of each arm, by repeat: `runs[arm][repeat]`.
+Runs = Mapping[str, Sequence[Run]]
+
+
+def summarize_repeats(runs: Runs) -> RepeatSummary:
     """Per metric: the spread of each arm over its repeats, and of the per-repeat ratio
     RandKV / plain (each repeat's pair, never the ratio of two medians)."""
-    if len(runs["plain"]) != len(runs["randkv"]):
+    plain, ours = runs["plain"], runs["randkv"]
+    if len(plain) != len(ours):
         raise ValueError("both arms need the same number of repeats")
-    summary: dict[str, dict[str, Any]] = {arm: {} for arm in (*ARMS, "ratio")}
-    for metric, read in SUMMARY_READERS.items():
-        plain = [read(run) for run in runs["plain"]]
-        ours = [read(run) for run in runs["randkv"]]
-        summary["plain"][metric] = spread(plain)
-        summary["randkv"][metric] = spread(ours)
-        summary["ratio"][metric] = spread([_ratio(b, a) for a, b in zip(plain, ours, strict=True)])
-    return summary
+
+    def ratio(read: Callable[[Arm], float]) -> Spread:
+        return spread([_ratio(read(b), read(a)) for a, b in zip(plain, ours, strict=True)])
+
+    return RepeatSummary(
+        plain=SummaryGroup.of(lambda read: spread([read(run) for run in plain])),
+        randkv=SummaryGroup.of(lambda read: spread([read(run) for run in ours])),
+        ratio=SummaryGroup.of(ratio),
+    )
 
 
-def representative_repeat(summary: dict[str, dict[str, Any]]) -> int:
+def representative_repeat(summary: RepeatSummary) -> int:
     """The repeat whose throughput ratio is nearest the median ratio (the earliest on a tie):
     its runs fill `arms`, the table and the timeline plot."""
-    ratio = summary["ratio"]["output_tokens_per_s"]
-    if ratio["median"] is None:
+    ratio = summary.ratio.output_tokens_per_s
+    median = ratio.median
+    if median is None:
         return 0
 
     def distance(repeat: int) -> tuple[float, int]:
-        value = ratio["values"][repeat]
+        value = ratio.values[repeat]
         if value is None:
             return (math.inf, repeat)
         # Rounded: with an even number of repeats the two middle ones tie exactly.
-        return (round(abs(value - ratio["median"]), 9), repeat)
+        return (round(abs(value - median), 9), repeat)
 
-    return min(range(len(ratio["values"])), key=distance)
+    return min(range(len(ratio.values)), key=distance)
 
 
-def ample_reference(
-    bench: ServeBench, runs: dict[str, list[dict[str, Any]]], chosen: int
-) -> dict[str, Any]:
+def ample_reference(bench: ServeBench, runs: Runs, chosen: int) -> Reference:
     """The ample-memory arm's runs, its spread over the repeats, and what share of its
     throughput each iso-memory arm reached in the same repeat."""
-    ample = runs[AMPLE]
-    if len(ample) != len(runs["plain"]):
-        raise ValueError("the ample arm needs one run per repeat")
+    ample = list(runs[AMPLE])
+    if len(ample) != len(runs["plain"]) or bench.ample_pool_blocks is None:
+        raise ValueError("the ample arm needs one run per repeat and its pool")
     tokens = SUMMARY_READERS["output_tokens_per_s"]
-    return {
-        "pool_blocks": bench.ample_pool_blocks,
-        "runs": ample,
-        "arm": ample[chosen],
-        "summary": {metric: spread([read(run) for run in ample])
-                    for metric, read in SUMMARY_READERS.items()},
-        "share_of_throughput": {
-            arm: spread([_ratio(tokens(mine), tokens(ref))
-                         for mine, ref in zip(runs[arm], ample, strict=True)])
-            for arm in ARMS
-        },
-        "preempted": any(run["preemptions"] > 0 for run in ample),
-    }  # fmt: skip
+
+    def share(arm: ArmName) -> Spread:
+        pairs = zip(runs[arm], ample, strict=True)
+        return spread([_ratio(tokens(mine), tokens(ref)) for mine, ref in pairs])
+
+    return Reference(
+        pool_blocks=bench.ample_pool_blocks,
+        runs=ample,
+        arm=ample[chosen],
+        summary=SummaryGroup.of(lambda read: spread([read(run) for run in ample])),
+        share_of_throughput=PerArm(plain=share("plain"), randkv=share("randkv")),
+        preempted=any(run.preemptions > 0 for run in ample),
+    )
 
 
 def assemble(
     bench: ServeBench,
     model: str,
-    runs: dict[str, list[dict[str, Any]]],
-    order: list[tuple[int, str]] | None = None,
-) -> dict[str, Any]:
-    """The result JSON from every run of every arm (`runs[arm][repeat]`; the ample arm's,
-    when there, go to `reference`)."""
+    runs: Runs,
+    order: list[tuple[int, ArmName]] | None = None,
+) -> ServeResult:
+    """The result from every run of every arm (`runs[arm][repeat]`; the ample arm's, when
+    there, go to `reference`)."""
     repeats = len(runs["plain"])
     order = order if order is not None else abba_order(repeats, ample=AMPLE in runs)
     summary = summarize_repeats(runs)
     chosen = representative_repeat(summary)
     plain, ours = runs["plain"][chosen], runs["randkv"][chosen]
-    ratios = {
-        "output_tokens_per_s": _ratio(ours["output_tokens_per_s"], plain["output_tokens_per_s"]),
-        "running_requests_mean": _ratio(
-            ours["running_requests_mean"], plain["running_requests_mean"]
-        ),
-        "kv_blocks_peak": _ratio(ours["kv_blocks_peak"], plain["kv_blocks_peak"]),
-        "ttft_p50": _ratio(ours["ttft_s"]["p50"], plain["ttft_s"]["p50"]),
-        "itl_p50": _ratio(ours["itl_s"]["p50"], plain["itl_s"]["p50"]),
-    }
+    ratios = Ratios(
+        output_tokens_per_s=_ratio(ours.output_tokens_per_s, plain.output_tokens_per_s),
+        running_requests_mean=_ratio(ours.running_requests_mean, plain.running_requests_mean),
+        kv_blocks_peak=_ratio(ours.kv_blocks_peak, plain.kv_blocks_peak),
+        ttft_p50=_ratio(ours.ttft_s.p50, plain.ttft_s.p50),
+        itl_p50=_ratio(ours.itl_s.p50, plain.itl_s.p50),
+    )
     # Judged on the medians over repeats, so one lucky or unlucky pair decides nothing.
-    share = statistics.median(run["eviction"]["share_of_step_time"] for run in runs["randkv"])
-    preempted = all(run["preemptions"] > 0 for run in runs["plain"])
+    share = statistics.median(
+        run.eviction.share_of_step_time if run.eviction is not None else math.inf
+        for run in runs["randkv"]
+    )
+    preempted = all(run.preemptions > 0 for run in runs["plain"])
     met = (
         preempted
-        and (summary["ratio"]["output_tokens_per_s"]["median"] or 0) >= TARGET_THROUGHPUT_RATIO
+        and (summary.ratio.output_tokens_per_s.median or 0) >= TARGET_THROUGHPUT_RATIO
         and share < TARGET_EVICTION_SHARE
-        and all(run["requests_failed"] == 0 for run in runs["randkv"])
+        and all(run.requests_failed == 0 for run in runs["randkv"])
     )
-    result = {
-        "schema": SCHEMA_NAME,
-        "schema_version": SCHEMA_VERSION,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "versions": {
-            "randkv": importlib.metadata.version("randkv"),
-            "vllm": _vllm_version(),
-            "torch": importlib.metadata.version("torch"),
-        },
-        "model": model,
-        "engine": {
-            "pool_blocks": bench.pool_blocks,
-            "block_size": bench.block_size,
-            "max_num_seqs": bench.max_num_seqs,
-            "max_model_len": bench.model_len(),
-            "dtype": bench.dtype,
-            "async_scheduling": bench.async_scheduling,  # as asked; None: vLLM's choice
-        },
-        "workload": bench.workload.to_json(),
-        "repeats": repeats,
-        "order": [arm for _, arm in order],
-        "runs": {arm: runs[arm] for arm in ARMS},
-        "summary": summary,
-        "representative_repeat": chosen,
-        "arms": {"plain": plain, "randkv": ours},
-        "ratios": ratios,
-        "targets": {
-            "min_throughput_ratio": TARGET_THROUGHPUT_RATIO,
-            "max_eviction_share": TARGET_EVICTION_SHARE,
-            "plain_preempted": preempted,
-            "met": bool(met),
-            "judged_on": f"medians over {repeats} repeat(s)",
-        },
-    }
-    if AMPLE in runs:
-        result["reference"] = ample_reference(bench, runs, chosen)
-    return result
+    return ServeResult(
+        schema=SCHEMA_NAME,
+        schema_version=SCHEMA_VERSION,
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        machine=machine_info(),
+        versions=Versions(
+            randkv=importlib.metadata.version("randkv"),
+            vllm=_vllm_version(),
+            torch=importlib.metadata.version("torch"),
+        ),
+        model=model,
+        engine=Engine(
+            pool_blocks=bench.pool_blocks,
+            block_size=bench.block_size,
+            max_num_seqs=bench.max_num_seqs,
+            max_model_len=bench.model_len(),
+            dtype=bench.resolved_dtype,
+            async_scheduling=bench.async_scheduling,  # as asked; None: vLLM's choice
+        ),
+        workload=bench.workload,
+        repeats=repeats,
+        order=[arm for _, arm in order],
+        runs=PerArm(plain=list(runs["plain"]), randkv=list(runs["randkv"])),
+        summary=summary,
+        representative_repeat=chosen,
+        arms=PerArm(plain=plain, randkv=ours),
+        ratios=ratios,
+        targets=Targets(
+            min_throughput_ratio=TARGET_THROUGHPUT_RATIO,
+            max_eviction_share=TARGET_EVICTION_SHARE,
+            plain_preempted=preempted,
+            met=bool(met),
+            judged_on=f"medians over {repeats} repeat(s)",
+        ),
+        reference=ample_reference(bench, runs, chosen) if AMPLE in runs else None,
+    )
 
 
 def _vllm_version() -> str:
@@ -442,7 +484,7 @@ def _vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def run(bench: ServeBench, *, progress: bool = True, keep_outputs: bool = False) -> dict[str, Any]:
+def run(bench: ServeBench, *, progress: bool = True, keep_outputs: bool = False) -> ServeResult:
     """Both arms, `bench.repeats` times each in ABBA order, then JSON (`result.json`) and the
     timeline plot of the representative repeat (`timeline.png`). `keep_outputs`: every run
     also keeps what each request generated (see `run_arm`)."""
@@ -460,119 +502,133 @@ def run(bench: ServeBench, *, progress: bool = True, keep_outputs: bool = False)
     bench.check(requests)
     bench.results_dir.mkdir(parents=True, exist_ok=True)
 
-    def progress_factory(**kwargs: Any) -> Any:
-        return tqdm(disable=not progress, **kwargs)
+    def progress_factory(**kwargs: object) -> AbstractContextManager[Progress]:
+        bar: AbstractContextManager[Progress] = tqdm(disable=not progress, **kwargs)
+        return bar
 
-    configs = {"plain": None, "randkv": bench.randkv, AMPLE: None}
-    ample = bench.ample_pool_blocks is not None
-    benches = {"plain": bench, "randkv": bench}
-    if ample:
+    configs: dict[ArmName, RandKVConfig | None] = {
+        "plain": None,
+        "randkv": bench.randkv,
+        AMPLE: None,
+    }
+    benches: dict[ArmName, ServeBench] = {"plain": bench, "randkv": bench}
+    if bench.ample_pool_blocks is not None:
         benches[AMPLE] = dataclasses.replace(
             bench, pool_blocks=bench.ample_pool_blocks, ample_pool_blocks=None
         )
-    order = abba_order(bench.repeats, ample=ample)
-    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in benches}
+    order = abba_order(bench.repeats, ample=AMPLE in benches)
+    runs: dict[str, list[Run]] = {arm: [] for arm in benches}
     for position, (repeat, arm) in enumerate(order):
         name = arm if bench.repeats == 1 else f"{arm}-{repeat}"
         measured = run_arm(
             benches[arm], model, configs[arm], requests, name, progress_factory, keep_outputs
         )
-        runs[arm].append({**measured, "repeat": repeat, "position": position})
+        runs[arm].append(Run.of(measured, repeat=repeat, position=position))
     result = assemble(bench, model, runs, order)
-    validate(result)
-    (bench.results_dir / "result.json").write_text(json.dumps(result, indent=2))
+    document = to_json(result)
+    validate(document)
+    (bench.results_dir / "result.json").write_text(json.dumps(document, indent=2))
     plot_timeline(result, bench.results_dir / "timeline.png")
     return result
 
 
-def format_table(result: dict[str, Any], *, with_target: bool = True) -> str:
+#: The rows of the side-by-side table: label, what it reads of an arm, format.
+_TABLE_ROWS: tuple[tuple[str, Callable[[Arm], float], str], ...] = (
+    ("output tokens/s", lambda arm: arm.output_tokens_per_s, "{:.0f}"),
+    ("requests completed", lambda arm: arm.requests_completed, "{:d}"),
+    ("mean running requests", lambda arm: arm.running_requests_mean, "{:.1f}"),
+    ("peak running requests", lambda arm: arm.running_requests_peak, "{:.0f}"),
+    ("preemptions", lambda arm: arm.preemptions, "{:d}"),
+    ("peak KV blocks", lambda arm: arm.kv_blocks_peak, "{:d}"),
+    ("duration (s)", lambda arm: arm.duration_s, "{:.1f}"),
+)
+
+
+def format_table(result: ServeResult, *, with_target: bool = True) -> str:
     """The side-by-side table printed by `randkv bench serve` and the demo."""
-    plain, ours = result["arms"]["plain"], result["arms"]["randkv"]
-    rows = [
-        ("output tokens/s", "output_tokens_per_s", "{:.0f}"),
-        ("requests completed", "requests_completed", "{:d}"),
-        ("mean running requests", "running_requests_mean", "{:.1f}"),
-        ("peak running requests", "running_requests_peak", "{:.0f}"),
-        ("preemptions", "preemptions", "{:d}"),
-        ("peak KV blocks", "kv_blocks_peak", "{:d}"),
-        ("duration (s)", "duration_s", "{:.1f}"),
-    ]
+    plain, ours = result.arms.plain, result.arms.randkv
     lines = [f"{'':24s}{'plain vLLM':>14s}{'vLLM + RandKV':>16s}{'ratio':>9s}"]
-    for label, key, fmt in rows:
-        a, b = plain[key], ours[key]
+    for label, read, fmt in _TABLE_ROWS:
+        a, b = read(plain), read(ours)
         ratio = f"{b / a:.2f}x" if a else "-"
         lines.append(f"{label:24s}{fmt.format(a):>14s}{fmt.format(b):>16s}{ratio:>9s}")
     for label, key in (("TTFT", "ttft_s"), ("inter-token latency", "itl_s")):
+        ours_percentiles: Percentiles = getattr(ours, key)
+        plain_percentiles: Percentiles = getattr(plain, key)
         for pct in ("p50", "p90", "p99"):
-            a, b = plain[key][pct] * 1e3, ours[key][pct] * 1e3
+            a = getattr(plain_percentiles, pct) * 1e3
+            b = getattr(ours_percentiles, pct) * 1e3
             ratio = f"{b / a:.2f}x" if a else "-"
             lines.append(f"{f'{label} {pct} (ms)':24s}{a:>14.1f}{b:>16.1f}{ratio:>9s}")
-    eviction = ours["eviction"]
+    eviction = ours.eviction
+    if eviction is None:
+        raise ValueError("the RandKV arm has no eviction record")
     lines.append(
-        f"RandKV: {eviction['rounds']} rounds, planning {eviction['planning_s']:.2f} s + "
-        f"compaction {eviction['compaction_s']:.2f} s = "
-        f"{100 * eviction['share_of_step_time']:.2f}% of step time"
+        f"RandKV: {eviction.rounds} rounds, planning {eviction.planning_s:.2f} s + "
+        f"compaction {eviction.compaction_s:.2f} s = "
+        f"{100 * eviction.share_of_step_time:.2f}% of step time"
     )
     if not with_target:
         return "\n".join(lines)
-    targets = result["targets"]
+    targets = result.targets
     lines.append(
-        f"target (>= {targets['min_throughput_ratio']:.0f}x tokens/s with plain vLLM "
-        f"preempting, eviction < {100 * targets['max_eviction_share']:.0f}% of step time): "
-        + ("met" if targets["met"] else "NOT met")
-        + (f", on the medians of {result['repeats']} repeats" if result["repeats"] > 1 else "")
+        f"target (>= {targets.min_throughput_ratio:.0f}x tokens/s with plain vLLM "
+        f"preempting, eviction < {100 * targets.max_eviction_share:.0f}% of step time): "
+        + ("met" if targets.met else "NOT met")
+        + (f", on the medians of {result.repeats} repeats" if result.repeats > 1 else "")
     )
     return "\n".join(lines)
 
 
-def format_reference(result: dict[str, Any]) -> str | None:
+def format_reference(result: ServeResult) -> str | None:
     """What share of the ample-memory arm's throughput each iso-memory arm reached (None
     without that arm)."""
-    reference = result.get("reference")
+    reference = result.reference
     if reference is None:
         return None
-    tokens = reference["summary"]["output_tokens_per_s"]
-    share = reference["share_of_throughput"]
-    runs = reference["runs"]
+    tokens = reference.summary.output_tokens_per_s
+    share = reference.share_of_throughput
+    runs = reference.runs
     lines = [
-        f"plain vLLM with ample memory ({reference['pool_blocks']} blocks): "
-        f"{tokens['median']:.0f} output tokens/s, "
-        f"peak {max(run['kv_blocks_peak'] for run in runs)} KV blocks, "
-        f"{sum(run['preemptions'] for run in runs)} preemptions"
-        + (f" (median of {result['repeats']} runs)" if result["repeats"] > 1 else ""),
-        f"share of its throughput: vLLM + RandKV {share['randkv']['median']:.2f}x, "
-        f"plain vLLM at the same pool {share['plain']['median']:.2f}x",
+        f"plain vLLM with ample memory ({reference.pool_blocks} blocks): "
+        f"{tokens.median:.0f} output tokens/s, "
+        f"peak {max(run.kv_blocks_peak for run in runs)} KV blocks, "
+        f"{sum(run.preemptions for run in runs)} preemptions"
+        + (f" (median of {result.repeats} runs)" if result.repeats > 1 else ""),
+        f"share of its throughput: vLLM + RandKV {share.randkv.median:.2f}x, "
+        f"plain vLLM at the same pool {share.plain.median:.2f}x",
     ]
-    if reference["preempted"]:
+    if reference.preempted:
         lines.append("the ample arm preempted: not ample; raise --ample-pool-blocks")
     return "\n".join(lines)
 
 
-def _spread_cell(stat: dict[str, Any], scale: float, fmt: str, suffix: str = "") -> str:
-    if stat["median"] is None:
+def _spread_cell(stat: Spread, scale: float, fmt: str, suffix: str = "") -> str:
+    if stat.median is None or stat.min is None or stat.max is None:
         return "-"
-    low, mid, high = (format(stat[k] * scale, fmt) for k in ("min", "median", "max"))
+    low, mid, high = (format(value * scale, fmt) for value in (stat.min, stat.median, stat.max))
     return f"{mid}{suffix} [{low}, {high}]"
 
 
-def format_repeats(result: dict[str, Any]) -> str:
+def format_repeats(result: ServeResult) -> str:
     """Median [min, max] over the repeats, for each arm and for the per-repeat ratio."""
-    summary = result["summary"]
+    summary = result.summary
     rows = [
         ("output tokens/s", "output_tokens_per_s", 1.0, ".0f"),
         ("TTFT p50 (ms)", "ttft_p50_s", 1e3, ".1f"),
         ("inter-token latency p50 (ms)", "itl_p50_s", 1e3, ".1f"),
     ]
-    order = " ".join("A" if arm == "plain" else "B" for arm in result["order"])
+    order = " ".join("A" if arm == "plain" else "B" for arm in result.order)
     lines = [
-        f"{result['repeats']} repeats, run order {order} (A = plain, B = RandKV); "
+        f"{result.repeats} repeats, run order {order} (A = plain, B = RandKV); "
         "median [min, max]; the table above is repeat "
-        f"{result['representative_repeat']} (ratio nearest the median)",
+        f"{result.representative_repeat} (ratio nearest the median)",
         f"{'':30s}{'plain vLLM':>26s}{'vLLM + RandKV':>26s}{'ratio':>22s}",
     ]
     for label, metric, scale, fmt in rows:
-        cells = [_spread_cell(summary[arm][metric], scale, fmt) for arm in ARMS]
-        cells.append(_spread_cell(summary["ratio"][metric], 1.0, ".2f", "x"))
+        groups = (summary.plain, summary.randkv)
+        cells = [_spread_cell(getattr(group, metric), scale, fmt) for group in groups]
+        cells.append(_spread_cell(getattr(summary.ratio, metric), 1.0, ".2f", "x"))
         widths = (26, 26, 22)  # room for "11104.7 [6085.9, 11104.7]" and a gap
         lines.append(
             f"{label:30s}" + "".join(f"{c:>{w}s}" for c, w in zip(cells, widths, strict=True))

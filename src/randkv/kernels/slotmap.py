@@ -36,6 +36,17 @@ class SlotPositionMap:
         )
         self.length, self.tokens_seen = end, self.tokens_seen + count
 
+    def roll_back(self, tokens_seen: int) -> None:
+        """Forget the tokens after `tokens_seen`: speculative drafts the model rejected
+        (vLLM rolls a request back after verification, and no round runs in between, so
+        they are the newest slots)."""
+        drop = self.tokens_seen - tokens_seen
+        if not 0 <= drop <= self.length:
+            raise ValueError(f"cannot roll back {self.tokens_seen} tokens to {tokens_seen}")
+        self.positions[:, :, self.length - drop : self.length] = -1
+        self.length -= drop
+        self.tokens_seen = tokens_seen
+
     def apply_round(self, evicted: torch.Tensor, sources: torch.Tensor) -> None:
         """Apply one request's plan: evicted (L, H, r) holes take the tokens at `sources`."""
         if self.length != self.config.max_physical_length:

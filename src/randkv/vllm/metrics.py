@@ -93,6 +93,13 @@ METRICS: tuple[Metric, ...] = (
            "requests served with a prompt longer than K (min_generated)", "scheduler"),
     Metric("preemptions", "counter", _S, _ONCE,
            "preemptions of RandKV requests (each replays its rounds)", "scheduler"),
+    Metric("draft_steps_shortened", "counter", _S, _ONCE,
+           "speculative steps whose drafts were cut so the step ends at a round", "scheduler"),
+    Metric("draft_tokens_dropped", "counter", _S, _ONCE,
+           "draft tokens dropped so a speculative step ends at a round", "scheduler"),
+    Metric("round_waits", "counter", _S, _ONCE,
+           "steps a request waited for its drafts' verification before a round (async)",
+           "scheduler"),
 )  # fmt: skip
 
 BY_NAME = {metric.name: metric for metric in METRICS}

@@ -54,12 +54,67 @@ def _parallel(attribute: str) -> Callable[[Any], bool]:
     return lambda c: getattr(c.parallel_config, attribute, 1) > 1
 
 
+#: Speculation methods RandKV runs (docs/vllm-integration.md, "Speculative decoding"): the
+#: proposers without a KV cache (only the scheduler's cut at round boundaries concerns them),
+#: and the drafters whose attention layers share the target's KV cache group (compacted with
+#: it, each layer with its own draws).
+KV_FREE_PROPOSERS = frozenset({"ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator"})
+KV_DRAFTERS = frozenset({"draft_model", "eagle", "eagle3"})
+SPECULATION_METHODS = KV_FREE_PROPOSERS | KV_DRAFTERS
+
+
+def _speculation_method(speculative_config: Any) -> str | None:
+    """The method a speculative config names (a resolved config or the call-site dict);
+    None when vLLM infers it from the draft model."""
+    if isinstance(speculative_config, dict):
+        return speculative_config.get("method")
+    return getattr(speculative_config, "method", None)
+
+
+def _is_mtp(method: str | None) -> bool:
+    return method is not None and (method == "mtp" or method.endswith("_mtp"))
+
+
+def _refused_speculation(speculative_config: Any) -> bool:
+    method = _speculation_method(speculative_config)
+    return method is not None and not _is_mtp(method) and method not in SPECULATION_METHODS
+
+
+def _drafts_outrun_buffer(vllm_config: Any) -> bool:
+    from randkv.vllm.options import config_from_vllm
+
+    spec, config = vllm_config.speculative_config, config_from_vllm(vllm_config)
+    if spec is None or config is None:
+        return False
+    return int(spec.num_speculative_tokens or 0) >= 2 * config.buffer_size
+
+
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(
-        "speculative decoding",
-        lambda c: c.speculative_config is not None,
+        "MTP speculation (its heads ship with MLA and hybrid model families, which RandKV "
+        "does not serve yet)",
+        lambda c: (
+            c.speculative_config is not None and _is_mtp(_speculation_method(c.speculative_config))
+        ),
         "speculative_config",
-        advice="remove speculative_config (--speculative-config)",
+        lambda value: _is_mtp(_speculation_method(value)),
+        advice="use an EAGLE/EAGLE3 drafter, a draft model or ngram "
+        '(--speculative-config \'{"method": "eagle3", ...}\'), or remove speculative_config',
+    ),
+    Refusal(
+        "this speculation method (RandKV runs ngram, ngram_gpu, suffix, medusa, "
+        "mlp_speculator, draft_model, eagle and eagle3; other drafters write KV RandKV does "
+        "not place yet)",
+        lambda c: c.speculative_config is not None and _refused_speculation(c.speculative_config),
+        "speculative_config",
+        _refused_speculation,
+        advice="use one of those methods, or remove speculative_config",
+    ),
+    Refusal(
+        "speculative steps of 2r tokens or more (num_speculative_tokens must be below twice "
+        "the buffer r, so a step of drafts never outruns a round)",
+        _drafts_outrun_buffer,
+        advice="lower num_speculative_tokens or raise buffer_size",
     ),
     Refusal(
         "KV transfer / disaggregated serving",

@@ -12,6 +12,8 @@ from randkv.spec import round_fires_at
 from randkv.spec.config import RandKVConfig
 from randkv.vllm.sched.allocation import blocks_for
 
+pytestmark = [pytest.mark.vllm]  # vLLM's own scheduler classes: every CPU release
+
 CONFIG = RandKVConfig(budget=64, buffer_size=32, seed=1)  # rounds at 128, 160, 192, ...
 BLOCK = 16
 

@@ -25,6 +25,8 @@ class FullGroupStep:
     """What one scheduling step does to a request's full-attention blocks.
 
     physical_end: the request's physical length once this step's tokens are written.
+    lookahead_end: what its blocks must hold for this step: `physical_end` plus the slots a
+        drafter writes past it (speculative decoding's lookahead, outside the budget).
     rounds: rounds fired once the tokens before this step are cached (the spec's count).
     round_due: whether this step fires a round (its index is `rounds - 1`): the worker
         compacts before the forward pass.
@@ -35,6 +37,7 @@ class FullGroupStep:
     """
 
     physical_end: int
+    lookahead_end: int
     rounds: int
     round_due: bool
     keep_blocks: int
@@ -55,13 +58,16 @@ def full_group_step(
     rounds_applied: int,
     blocks_held: int,
     block_size: int,
+    lookahead: int = 0,
 ) -> FullGroupStep:
     """The full-attention group's blocks for a step that writes `num_new_tokens` tokens
     after `tokens_seen` (prefix-cache hits included), for a request whose own config is
     `config` (`RandKVConfig.for_request`: its K) and whose scheduler has applied
-    `rounds_applied` rounds while it holds `blocks_held` blocks.
+    `rounds_applied` rounds while it holds `blocks_held` blocks; `lookahead` slots past the
+    step's tokens are reserved for a drafter's KV (speculative decoding), outside the budget.
 
-    Only a round frees blocks: the tail past the compacted length plus this step's tokens.
+    Only a round frees blocks: the tail past the compacted length plus this step's tokens and
+    its lookahead.
     Raises RoundStraddleError when the step would pass K + 2r (the scheduler ends every
     step at the next round boundary)."""
     physical = physical_length(config, prompt_length=prompt_length, tokens_seen=tokens_seen)
@@ -72,11 +78,12 @@ def full_group_step(
             f"RandKV: a step would reach physical length {end} (K + 2r = "
             f"{config.max_physical_length}); steps end at rounds"
         )
-    needed = blocks_for(end, block_size)
+    needed = blocks_for(end + lookahead, block_size)
     round_due = rounds > rounds_applied
     keep = min(blocks_held, needed) if round_due else blocks_held
     return FullGroupStep(
         physical_end=end,
+        lookahead_end=end + lookahead,
         rounds=rounds,
         round_due=round_due,
         keep_blocks=keep,
@@ -94,11 +101,32 @@ def tokens_to_next_round(config: RandKVConfig, *, prompt_length: int, tokens_see
 
 
 def peak_blocks(
-    config: RandKVConfig, *, prompt_length: int, num_tokens: int, block_size: int
+    config: RandKVConfig,
+    *,
+    prompt_length: int,
+    num_tokens: int,
+    block_size: int,
+    lookahead: int = 0,
 ) -> int:
     """The most full-attention blocks a request of `num_tokens` tokens so far can need
     before its next step: its physical length, or all of its tokens while they still fit
-    under K + 2r (a prompt not yet computed, a replay after preemption). `config`: the
-    request's own."""
+    under K + 2r (a prompt not yet computed, a replay after preemption), plus `lookahead`.
+    `config`: the request's own."""
     final = physical_length(config, prompt_length=prompt_length, tokens_seen=num_tokens)
-    return blocks_for(max(final, min(num_tokens, config.max_physical_length)), block_size)
+    tokens = max(final, min(num_tokens, config.max_physical_length))
+    return blocks_for(tokens + lookahead, block_size)
+
+
+def footprint_blocks(
+    config: RandKVConfig,
+    *,
+    prompt_length: int,
+    max_tokens: int,
+    block_size: int,
+    lookahead: int = 0,
+) -> int:
+    """The most full-attention blocks a request can ever hold: those of K + 2r tokens (its
+    own K), or of its whole length when it ends before reaching K + 2r, plus its lookahead.
+    `max_tokens`: the most tokens it may generate."""
+    longest = min(prompt_length + max_tokens, config.max_physical_length)
+    return blocks_for(longest + lookahead, block_size)

@@ -98,9 +98,11 @@ class RandKVCacheManager(KVCacheManager):
             rounds_applied=state.rounds_applied,
             blocks_held=len(request_blocks) + len(prefix_hits),
             block_size=block_size,
+            lookahead=num_lookahead_tokens,
         )
+        absolute_end = computed + num_new_tokens
         to_allocate = step.new_blocks + self.randkv_window_blocks_to_allocate(
-            request, computed, computed + num_new_tokens, hits
+            request, computed, absolute_end + num_lookahead_tokens, hits
         )
         watermark = 0
         if has_scheduled_reqs and request.status in (
@@ -124,9 +126,10 @@ class RandKVCacheManager(KVCacheManager):
                 prompt_length=state.prompt_length,
                 num_tokens=request.num_tokens,
                 block_size=block_size,
+                lookahead=num_lookahead_tokens,
             )
             windows = self.randkv_window_blocks_to_allocate(
-                request, computed, request.num_tokens, hits, admission=True
+                request, computed, request.num_tokens + num_lookahead_tokens, hits, admission=True
             )
             if peak - step.keep_blocks + windows + watermark > free:
                 return None
@@ -144,10 +147,13 @@ class RandKVCacheManager(KVCacheManager):
         if step.round_due:
             self._randkv_fire_round(request, state, step.rounds, step.keep_blocks)
         new_blocks = self.randkv_allocate_new_blocks(
-            request.request_id, step.physical_end, computed + num_new_tokens, num_encoder_tokens
+            request.request_id,
+            (step.lookahead_end, step.physical_end),
+            (absolute_end + num_lookahead_tokens, absolute_end),
+            num_encoder_tokens,
         )
         if not delay_cache_blocks:
-            self.cache_blocks(request, computed + num_new_tokens)
+            self.cache_blocks(request, absolute_end)
         return self.create_kv_cache_blocks(new_blocks)
 
     def _randkv_fire_round(
@@ -205,21 +211,26 @@ class RandKVCacheManager(KVCacheManager):
         )
 
     def randkv_allocate_new_blocks(
-        self, request_id: str, physical_end: int, absolute_end: int, num_encoder_tokens: int
+        self,
+        request_id: str,
+        physical: tuple[int, int],
+        absolute: tuple[int, int],
+        num_encoder_tokens: int,
     ) -> tuple[list[Any], ...]:
         """New blocks per group: the full-attention group up to the physical length, vLLM's
         sliding-window groups up to the absolute one (their blocks stay where vLLM puts
-        them)."""
+        them). Each length comes as (with the drafter's lookahead, the target's alone)."""
         if not self.window_managers:
             return self.coordinator.allocate_new_blocks(
-                request_id, physical_end, physical_end, num_encoder_tokens
+                request_id, physical[0], physical[1], num_encoder_tokens
             )
-        absolute_end = min(absolute_end, self.max_model_len)
+        cap = self.max_model_len
+        with_lookahead, target = min(absolute[0], cap), min(absolute[1], cap)
         managers = self.coordinator.single_type_managers
         return tuple(
-            manager.allocate_new_blocks(request_id, physical_end, physical_end)
+            manager.allocate_new_blocks(request_id, physical[0], physical[1])
             if group == self.layout.randkv
-            else manager.allocate_new_blocks(request_id, absolute_end, absolute_end)
+            else manager.allocate_new_blocks(request_id, with_lookahead, target)
             for group, manager in enumerate(managers)
         )
 

@@ -20,14 +20,17 @@ class RandKVFullAttentionSpec(FullAttentionSpec):
 
     vLLM's start-up check sizes one max_model_len sequence from this method; with RandKV
     a request never holds more than K + 2r tokens of blocks (the largest K a request may ask
-    for). Under `min_generated` a long prompt's own K grows with it, up to max_model_len.
+    for), plus a drafter's lookahead under speculative decoding. Under `min_generated` a long
+    prompt's own K grows with it, up to max_model_len.
     """
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
         config = config_from_vllm(vllm_config)
         tokens = vllm_config.model_config.max_model_len
         if config is not None and config.min_generated is None:
-            tokens = min(tokens, config.largest_budget + 2 * config.buffer_size)
+            lookahead = vllm_config.num_lookahead_tokens
+            bound = config.largest_budget + 2 * config.buffer_size + lookahead
+            tokens = min(tokens, bound)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
 

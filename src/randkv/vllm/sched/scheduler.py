@@ -16,6 +16,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from randkv.spec import num_rounds
 from randkv.spec.config import PromptTooLongError
 from randkv.vllm.class_swap import swap_class
 from randkv.vllm.metrics import RandKVRecorder, Source
@@ -129,11 +130,33 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
             return 0
         start = request.num_computed_tokens + num_new_local_computed_tokens
         start += num_external_computed_tokens
+        if self._randkv_unverified_at_round(request, state, start):
+            self.metrics.add("round_waits", 1)
+            return 0  # scheduled again once vLLM has verified (or rolled back) its drafts
         # Replay after preemption also goes through here, in the same rounds.
         room = tokens_to_next_round(
             state.config, prompt_length=state.prompt_length, tokens_seen=start
         )
-        return min(num_new_tokens, room)
+        if num_new_tokens <= room:
+            return num_new_tokens
+        if request.spec_token_ids and request.status == RequestStatus.RUNNING:
+            # A decode step with drafts ends at the round: vLLM keeps the first
+            # `room - 1` drafts and drops the rest (its `spec_token_ids` trimming).
+            self.metrics.add("draft_steps_shortened", 1)
+            self.metrics.add("draft_tokens_dropped", num_new_tokens - room)
+        return room
+
+    def _randkv_unverified_at_round(
+        self, request: Request, state: RequestRounds, start: int
+    ) -> bool:
+        """Under async scheduling with speculation, whether a round is due at `start` while
+        the step before is still in flight: vLLM counts that step's drafts as computed
+        before it has verified them, so the round waits a step for the verified count (a
+        round evicts verified tokens only, at the position the spec gives)."""
+        if not self.num_spec_tokens or request.num_output_placeholders <= 0:
+            return False
+        config, prompt = state.config, state.prompt_length
+        return num_rounds(config, prompt_length=prompt, tokens_seen=start) > state.rounds_applied
 
     # ------------------------------------------------------------------ per step
 

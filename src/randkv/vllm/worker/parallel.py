@@ -14,19 +14,26 @@ from dataclasses import dataclass
 
 from randkv.vllm.refusals import UnsupportedModeError
 
+#: The name vLLM gives a separate draft model's layers (`draft_model.model.layers.3...`, for
+#: speculative decoding with `method="draft_model"`); they restart at layer 0.
+DRAFT_MODEL_PREFIX = "draft_model."
 
-def kv_cache_layer_indices(layer_names: Iterable[str]) -> list[int]:
-    """Global layer index of each KV cache, in `model_runner.kv_caches` order.
 
-    vLLM names attention layers by their place in the whole model
-    (`model.layers.17.self_attn.attn`, also on a later pipeline stage) and binds the
-    runner's `kv_caches` list sorted by that index (`vllm.v1.worker.utils.bind_kv_cache`),
-    so the sorted indices line up with the list.
-    """
+def global_layer_index(layer_name: str, num_target_layers: int) -> int:
+    """The spec's layer index of a KV cache layer: vLLM's index of it in the whole model
+    (`model.layers.17.self_attn.attn`, also on a later pipeline stage; EAGLE and MTP drafter
+    layers already follow the target's), and for a separate draft model's layers the
+    target's layer count plus theirs, so a drafter's draws never repeat a target layer's."""
     from vllm.model_executor.models.utils import extract_layer_index
 
+    index = extract_layer_index(layer_name)
+    return index + num_target_layers if layer_name.startswith(DRAFT_MODEL_PREFIX) else index
+
+
+def kv_cache_layer_indices(layer_names: Iterable[str], num_target_layers: int = 0) -> list[int]:
+    """The sorted global layer indices (`global_layer_index`) of these KV cache layers."""
     names = list(layer_names)
-    indices = sorted(extract_layer_index(name) for name in names)
+    indices = sorted(global_layer_index(name, num_target_layers) for name in names)
     if len(set(indices)) != len(indices):
         raise UnsupportedModeError(
             f"RandKV needs one attention layer per layer index; KV cache layers {names} share "

@@ -59,13 +59,24 @@ class RequestRecords:
                 slot_map.apply_round(plan.evicted[row], plan.row_sources(row))
             self.record(req_id).rounds = directive.round_index + 1
 
+    def roll_back_rejected(self, scheduler_output: SchedulerOutput) -> None:
+        """Before this step's rounds: a tracked request that starts before the tokens its
+        map holds had drafts rejected in its last step (speculative decoding); its map drops
+        them. (A start of 0 is a replay after preemption: `observe` starts a new map.)"""
+        if not self.tracking:
+            return
+        for req_id, start in _starts(scheduler_output).items():
+            slot_map = self.slot_maps.get(req_id)
+            if slot_map is not None and 0 < start < slot_map.tokens_seen:
+                slot_map.roll_back(start)
+
     def observe(
         self, scheduler_output: SchedulerOutput, budgets: StepBudgets, block_size: int
     ) -> None:
-        """This step's per-request lengths (host ints only), and (when tracking) slot maps."""
-        starts = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
-        cached = scheduler_output.scheduled_cached_reqs
-        starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        """This step's per-request lengths (host ints only; a speculative step's drafts
+        count until the next step says how many were accepted), and (when tracking) slot
+        maps."""
+        starts = _starts(scheduler_output)
         for req_id, count in scheduler_output.num_scheduled_tokens.items():
             start = starts.get(req_id)
             if start is None:
@@ -112,3 +123,11 @@ class RequestRecords:
             for req_id, slot_map in self.slot_maps.items()
             if req_id in wanted
         }
+
+
+def _starts(scheduler_output: SchedulerOutput) -> dict[str, int]:
+    """Each scheduled request's tokens computed before this step."""
+    starts = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    return starts

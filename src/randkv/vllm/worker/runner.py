@@ -25,7 +25,7 @@ from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.refusals import refuse_shared_kv_layers
 from randkv.vllm.sched.kv_groups import kv_group_layout
 from randkv.vllm.sched.output import RoundDirective
-from randkv.vllm.worker.parallel import kv_head_shard
+from randkv.vllm.worker.parallel import global_layer_index, kv_cache_layer_indices, kv_head_shard
 from randkv.vllm.worker.records import RequestRecords
 from randkv.vllm.worker.rounds import Compactor, RoundApplier
 from randkv.vllm.worker.state import RandKVWorkerState
@@ -55,6 +55,7 @@ class RandKVRunnerMixin:
     attn_groups: list[list[Any]]
     model_config: Any
     cache_config: Any
+    compilation_config: Any
 
     # ------------------------------------------------------------------ runner hooks
 
@@ -67,11 +68,18 @@ class RandKVRunnerMixin:
         tables (the scheduler freed them), before this step appends new blocks."""
         raise NotImplementedError
 
-    def randkv_layer_caches(self) -> tuple[list[int], list[torch.Tensor]]:
-        """(global layer index, KV cache) of each attention layer of the KV cache group
-        RandKV bounds that this worker holds, in layer order (draws are keyed by global
-        layer)."""
-        raise NotImplementedError
+    def randkv_layer_caches(self, group: int) -> tuple[list[int], list[torch.Tensor]]:
+        """(global layer index, KV cache) of each attention layer of KV cache group `group`
+        (the one RandKV bounds) this worker holds, in layer order: draws are keyed by global
+        layer. A drafter's layers in the group are among them (speculative decoding). Each
+        layer's own cache: V2's `kv_caches` follow the allocation order of the cache tensors,
+        and V1's list holds a draft model's layer beside the target layer of its index."""
+        names = list(self.kv_cache_config.kv_cache_groups[group].layer_names)
+        target_layers = self.model_config.get_total_num_hidden_layers()
+        context = self.compilation_config.static_forward_context
+        by_index = {global_layer_index(name, target_layers): name for name in names}
+        ordered = kv_cache_layer_indices(names, target_layers)
+        return ordered, [context[by_index[i]].kv_cache for i in ordered]
 
     def randkv_attention_backend_name(self) -> str:
         """The name of vLLM's attention backend for the full-attention KV cache group."""
@@ -145,6 +153,7 @@ class RandKVRunnerMixin:
         plan = state.begin_step(scheduler_output)
         if plan is None:
             return
+        state.records.roll_back_rejected(scheduler_output)
         if plan.directives:
             round_plan = state.rounds.apply(plan.directives)
             self.randkv_forget_tail_blocks(plan.directives)

@@ -14,21 +14,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.drafters import adopt_v1_drafter
 from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
-from randkv.vllm.worker.parallel import kv_cache_layer_indices
 from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
+    from randkv.kernels.compactor import KVLayout
+    from randkv.spec.config import RandKVConfig
+
 
 class V1RunnerMixin(RandKVRunnerMixin):
+    """The V1 runner's seams (module docstring); a speculative drafter that writes KV in
+    RandKV's group gets physical slots too (`randkv.vllm.worker.drafters`)."""
+
     # vLLM's V1 runner state RandKV reads and rewrites (declared for the type checker).
     input_batch: Any
     requests: dict[str, Any]
-    kv_caches: list[torch.Tensor]
     seq_lens: torch.Tensor
     optimistic_seq_lens_cpu: torch.Tensor
     num_computed_tokens: torch.Tensor
@@ -38,6 +42,11 @@ class V1RunnerMixin(RandKVRunnerMixin):
 
     def randkv_shared_kv_layers(self) -> dict[str, str]:
         return dict(getattr(self, "shared_kv_cache_layers", {}))
+
+    def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
+        super().randkv_setup(config, layout)
+        drafter = getattr(self, "drafter", None)
+        adopt_v1_drafter(drafter, self.randkv, self.randkv.groups.randkv)
 
     def randkv_forget_tail_blocks(self, directives: dict[str, RoundDirective]) -> None:
         group = self.randkv.groups.randkv
@@ -49,22 +58,10 @@ class V1RunnerMixin(RandKVRunnerMixin):
             if index is not None:
                 table.num_blocks_per_row[index] = directive.keep_blocks
 
-    def randkv_layer_caches(self, group: int) -> tuple[list[int], list[torch.Tensor]]:
-        # vLLM binds `kv_caches` sorted by layer index (`vllm.v1.worker.utils.bind_kv_cache`),
-        # every group's layers together; RandKV's are the full-attention group's.
-        groups = self.kv_cache_config.kv_cache_groups
-        every = kv_cache_layer_indices(name for group in groups for name in group.layer_names)
-        if len(every) != len(self.kv_caches):
-            raise UnsupportedModeError(
-                f"RandKV found {len(every)} KV cache layer names for {len(self.kv_caches)} "
-                "KV caches"
-            )
-        layers = kv_cache_layer_indices(groups[group].layer_names)
-        return layers, [self.kv_caches[every.index(layer)] for layer in layers]
-
     def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: Any) -> Any:
         result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         self.randkv.window_lengths.clear()
+        self.randkv.step_evicted = None
         self.randkv_physical_inputs(scheduler_output)
         return result
 
@@ -86,6 +83,7 @@ class V1RunnerMixin(RandKVRunnerMixin):
             state.window_lengths.keep(self.seq_lens, self.optimistic_seq_lens_cpu, num_reqs)
         seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
         evicted = seen - physical_on_device(state.config, seen, budgets)  # r per round fired
+        state.step_evicted = evicted
         total = scheduler_output.total_num_scheduled_tokens
         per_token = evicted[self.req_indices.gpu[:total].to(torch.int64)]
         positions = self.positions[:total] - per_token

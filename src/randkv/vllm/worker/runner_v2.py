@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from randkv.vllm.sched.output import RoundDirective
+from randkv.vllm.worker.drafters import adopt_v2_speculator
 from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
-from randkv.vllm.worker.parallel import kv_cache_layer_indices
 from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 if TYPE_CHECKING:
@@ -46,12 +46,22 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass
-class _AbsoluteLengths:
-    """The batch's absolute lengths, kept for the sampler while attention sees physical."""
+class StepLengths:
+    """One batch's lengths, both ways: attention reads the physical ones, the sampler the
+    absolute ones, a drafter writing KV the physical ones again (on device, and the host
+    upper bound)."""
 
     batch: Any
-    seq_lens: torch.Tensor
-    upper_bound: torch.Tensor
+    absolute_seq_lens: torch.Tensor
+    absolute_upper_bound: torch.Tensor
+    physical_seq_lens: torch.Tensor
+    physical_upper_bound: torch.Tensor
+
+    def absolute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.absolute_seq_lens, self.absolute_upper_bound
+
+    def physical(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.physical_seq_lens, self.physical_upper_bound
 
 
 @dataclasses.dataclass
@@ -75,10 +85,9 @@ class V2RunnerMixin(RandKVRunnerMixin):
     req_states: Any
     block_tables: Any
     input_buffers: Any
-    compilation_config: Any
 
     randkv_buffers: V2Buffers
-    _randkv_absolute: _AbsoluteLengths | None = None
+    _randkv_lengths: StepLengths | None = None
 
     # ------------------------------------------------------------------ start-up
 
@@ -86,15 +95,6 @@ class V2RunnerMixin(RandKVRunnerMixin):
         from vllm.v1.worker.gpu.attn_utils import get_shared_kv_cache_layers
 
         return dict(get_shared_kv_cache_layers(self.vllm_config))
-
-    def randkv_layer_caches(self, group: int) -> tuple[list[int], list[torch.Tensor]]:
-        # V2's `kv_caches` follow the allocation order of the cache tensors, not the layer
-        # order: read each layer's own cache instead (the full-attention group's).
-        names = list(self.kv_cache_config.kv_cache_groups[group].layer_names)
-        context = self.compilation_config.static_forward_context
-        by_index = dict(zip(kv_cache_layer_indices(names), names, strict=False))
-        ordered = sorted(by_index)
-        return ordered, [context[by_index[i]].kv_cache for i in ordered]
 
     def randkv_setup(self, config: RandKVConfig, layout: KVLayout) -> None:
         super().randkv_setup(config, layout)
@@ -111,6 +111,8 @@ class V2RunnerMixin(RandKVRunnerMixin):
                 else None
             ),
         )
+        # A speculative drafter that writes KV (draft model, EAGLE) reads physical too.
+        adopt_v2_speculator(getattr(self, "speculator", None), self)
 
     # ------------------------------------------------------------------ rounds
 
@@ -125,7 +127,8 @@ class V2RunnerMixin(RandKVRunnerMixin):
 
     def prepare_attn(self, input_batch: Any) -> Any:
         state, buffers = self.randkv, self.randkv_buffers
-        self._randkv_absolute = None
+        self._randkv_lengths = None
+        state.step_evicted = None
         state.window_lengths.clear()
         seen = input_batch.num_computed_tokens_np  # host mirror, exact
         budgets = state.budgets.rows(input_batch.req_ids[: input_batch.num_reqs])
@@ -151,12 +154,13 @@ class V2RunnerMixin(RandKVRunnerMixin):
             )
         computed = self.req_states.num_computed_tokens.gpu  # absolute, by request slot
         physical = buffers.physical_computed
+        slots = input_batch.idx_mapping[: input_batch.num_reqs]
         if budgets is None:
             physical.copy_(physical_on_device(state.config, computed, None))
         else:  # requests with their own K: by batch row, into their slots
-            slots = input_batch.idx_mapping
             rows = physical_on_device(state.config, computed[slots], budgets)
             physical[slots] = rows.to(physical.dtype)
+        state.step_evicted = computed[slots].to(torch.int64) - physical[slots].to(torch.int64)
         # Physical positions into RandKV's buffer, physical lengths into vLLM's.
         prepare_pos_seq_lens(
             input_batch.idx_mapping,
@@ -171,7 +175,9 @@ class V2RunnerMixin(RandKVRunnerMixin):
             upper_bound.dtype
         )
         input_batch.seq_lens_cpu_upper_bound = physical_bound
-        self._randkv_absolute = _AbsoluteLengths(input_batch, absolute, upper_bound)
+        self._randkv_lengths = StepLengths(
+            input_batch, absolute, upper_bound, input_batch.seq_lens, physical_bound
+        )
         positions = buffers.positions[: input_batch.num_tokens_after_padding]
         block_tables, slot_mappings = super().prepare_attn(  # type: ignore[misc]
             dataclasses.replace(input_batch, positions=positions)
@@ -182,10 +188,14 @@ class V2RunnerMixin(RandKVRunnerMixin):
                 slot_mappings[group].copy_(window_slots[group, :tokens])
         return block_tables, slot_mappings
 
+    def randkv_step_lengths(self, input_batch: Any) -> StepLengths | None:
+        """This step's lengths when `input_batch` is this step's batch and a round has
+        shifted some of its requests (None: its lengths are vLLM's, absolute)."""
+        lengths = self._randkv_lengths
+        return lengths if lengths is not None and lengths.batch is input_batch else None
+
     def sample(self, hidden_states: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        kept = self._randkv_absolute
-        if kept is not None and kept.batch is input_batch:
-            input_batch.seq_lens = kept.seq_lens
-            input_batch.seq_lens_cpu_upper_bound = kept.upper_bound
-            self._randkv_absolute = None
+        lengths = self.randkv_step_lengths(input_batch)
+        if lengths is not None:  # the sampler decides on absolute lengths
+            input_batch.seq_lens, input_batch.seq_lens_cpu_upper_bound = lengths.absolute()
         return super().sample(hidden_states, input_batch, *args, **kwargs)  # type: ignore[misc]

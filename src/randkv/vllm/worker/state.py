@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from randkv.spec.config import RandKVConfig
 from randkv.vllm.metrics import RandKVRecorder, RankStats
 from randkv.vllm.sched.kv_groups import KVGroupLayout
@@ -38,6 +40,8 @@ class RandKVWorkerState:
     block_size: the KV cache block size (tokens per block).
     budgets: this step's per-request K (replaced every step).
     window_lengths: a mixed model's window layers' absolute lengths for this step.
+    step_evicted: the slots each batch row's rounds have emptied (device, by row of this
+        step's batch; None while no row has had a round), for a drafter's own slots.
     warming_up: True while vLLM warms up or compiles through real steps it builds itself
         (plain SchedulerOutputs of a few short requests, which never reach a round)."""
 
@@ -49,6 +53,7 @@ class RandKVWorkerState:
     block_size: int
     budgets: StepBudgets = field(init=False)
     window_lengths: WindowLengths = field(default_factory=WindowLengths)
+    step_evicted: torch.Tensor | None = None
     warming_up: bool = False
 
     def __post_init__(self) -> None:
