@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from randkv import RandKVConfig, num_rounds, slot_positions, spec
 from randkv.kernels.compactor import KVLayout, PagedCompactor
 from randkv.kernels.planner import RoundPlanner, plan_round, to_key_tensor
+from randkv.kernels.reference import reference_compact
 from randkv.kernels.slotmap import SlotPositionMap
 from randkv.spec.rounds import RoundPlan
 
@@ -112,25 +113,6 @@ def _make_cache(layout, num_blocks, heads, block_size, head_dim, generator, stri
     return torch.randn(2, num_blocks, block_size, heads, head_dim, generator=generator)
 
 
-def _reference_apply(layout, plan, caches, block_tables, block_size):
-    """One element at a time, straight from the plan's definition."""
-    for b in range(plan.evicted.shape[0]):
-        for layer, cache in enumerate(caches):
-            for head in range(plan.evicted.shape[2]):
-                for i in range(plan.evicted.shape[3]):
-                    src, dst = int(plan.sources[i]), int(plan.evicted[b, layer, head, i])
-                    src_block = int(block_tables[b, src // block_size])
-                    dst_block = int(block_tables[b, dst // block_size])
-                    if layout is KVLayout.BLOCK_HEAD_SLOT:
-                        cache[dst_block, head, dst % block_size] = cache[
-                            src_block, head, src % block_size
-                        ]
-                    else:
-                        cache[:, dst_block, dst % block_size, head] = cache[
-                            :, src_block, src % block_size, head
-                        ]
-
-
 @given(
     layout=st.sampled_from([KVLayout.BLOCK_HEAD_SLOT, KVLayout.KV_BLOCK_SLOT_HEAD]),
     stride_order=st.sampled_from(["HND", "NHD"]),
@@ -166,7 +148,7 @@ def test_compactor_equals_elementwise_reference(
         for _ in range(2)
     ]
     expected = [c.clone() for c in caches]
-    _reference_apply(layout, plan, expected, block_tables, block_size)
+    reference_compact(layout, plan, expected, block_tables)
     PagedCompactor(layout, block_size).apply(plan, caches, block_tables)
     for got, want in zip(caches, expected, strict=True):
         assert torch.equal(got, want)  # untouched slots kept their random values too

@@ -14,6 +14,7 @@ from randkv import RandKVConfig, slot_positions  # noqa: E402
 from randkv.kernels.compactor import KVLayout, PagedCompactor  # noqa: E402
 from randkv.kernels.hostsync import count_host_syncs  # noqa: E402
 from randkv.kernels.planner import RoundPlanner  # noqa: E402
+from randkv.kernels.reference import kv_layout, poisoned_caches, same_bits  # noqa: E402
 from randkv.kernels.triton_jit import Kernel  # noqa: E402
 
 triton_compactor = pytest.importorskip("randkv.kernels.triton_compactor")
@@ -23,44 +24,26 @@ SPLIT = KVLayout.KV_BLOCK_SLOT_HEAD
 FLASH = KVLayout.BLOCK_HEAD_SLOT
 
 
-def poisoned_caches(layout, order, layers, num_blocks, block_size, heads, head_dim, dtype, seed):
-    """Caches of random bit patterns (NaN payloads included): any stray write shows."""
-    generator = torch.Generator().manual_seed(seed)
-    if layout is SPLIT:
-        shape = (2, num_blocks, block_size, heads, head_dim)
-    elif order == "NHD":  # physical (blocks, slots, heads, 2D), viewed as (blocks, H, slots, 2D)
-        shape = (num_blocks, block_size, heads, 2 * head_dim)
-    else:
-        shape = (num_blocks, heads, block_size, 2 * head_dim)
-    bits = torch.iinfo(torch.int16)
-    caches = []
-    for _ in range(layers):
-        words = torch.randint(bits.min, bits.max, (*shape[:-1], shape[-1] * 2), generator=generator)
-        cache = words.to(torch.int16).view(torch.uint8).view(dtype)[..., : shape[-1]]
-        cache = cache.contiguous()
-        caches.append(cache.permute(0, 2, 1, 3) if layout is FLASH and order == "NHD" else cache)
-    return caches
-
-
-def bits(tensor):
-    return tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor.view(torch.int16)
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
 
 
 CASES = [
-    # layout, order, dtype, block_size, heads, requests, layers, budget, buffer
-    (FLASH, "NHD", torch.bfloat16, 4, 1, 3, 2, 13, 3),
-    (FLASH, "NHD", torch.float16, 16, 3, 2, 3, 20, 5),
-    (FLASH, "HND", torch.bfloat16, 5, 2, 3, 2, 17, 4),
-    (FLASH, "HND", torch.float32, 3, 1, 1, 1, 6, 2),
-    (SPLIT, "", torch.bfloat16, 4, 2, 3, 2, 13, 3),
-    (SPLIT, "", torch.float32, 6, 1, 2, 3, 9, 4),
-    (SPLIT, "", torch.float16, 16, 3, 1, 2, 30, 2),
+    # cache layout, dtype, block_size, heads, requests, layers, budget, buffer
+    ("NHD", torch.bfloat16, 4, 1, 3, 2, 13, 3),
+    ("NHD", torch.float16, 16, 3, 2, 3, 20, 5),
+    ("HND", torch.bfloat16, 5, 2, 3, 2, 17, 4),
+    ("HND", torch.float32, 3, 1, 1, 1, 6, 2),
+    ("split", torch.bfloat16, 4, 2, 3, 2, 13, 3),
+    ("split", torch.float32, 6, 1, 2, 3, 9, 4),
+    ("split", torch.float16, 16, 3, 1, 2, 30, 2),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].value}-{c[1]}-{c[2]}-b{c[3]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-b{c[2]}")
 def test_triton_equals_torch_bit_for_bit(case, monkeypatch):
-    layout, order, dtype, block_size, heads, requests, layers, budget, buffer = case
+    name, dtype, block_size, heads, requests, layers, budget, buffer = case
+    layout = kv_layout(name)
     config = RandKVConfig(budget=budget, buffer_size=buffer, seed=block_size)
     per_request = -(-config.max_physical_length // block_size)  # partial last block
     num_blocks = requests * per_request + 3  # three blocks nobody owns
@@ -71,7 +54,9 @@ def test_triton_equals_torch_bit_for_bit(case, monkeypatch):
     plan = RoundPlanner(config, range(layers), range(heads)).plan(
         prompts, list(range(requests)), [0, 2**31 + 1, 5][:requests]
     )
-    caches = poisoned_caches(layout, order, layers, num_blocks, block_size, heads, 4, dtype, 1)
+    caches = poisoned_caches(
+        name, layers, num_blocks, block_size, heads, 4, dtype, "cpu", generator=seeded(1)
+    )
     expected = [c.clone() for c in caches]
     PagedCompactor(layout, block_size).apply(plan, expected, tables)
     monkeypatch.setattr(Kernel, "tracking", True)
@@ -83,7 +68,7 @@ def test_triton_equals_torch_bit_for_bit(case, monkeypatch):
     assert sum(triton_compactor.KERNEL.launched.values()) == 1
     assert syncs.total == 0, dict(syncs.counts)
     for got, want in zip(caches, expected, strict=True):
-        assert torch.equal(bits(got), bits(want))
+        assert same_bits(got, want)
     assert compactor.moved_bytes(plan, caches) == PagedCompactor(layout, block_size).moved_bytes(
         plan, caches
     )
@@ -135,14 +120,16 @@ def test_requests_with_their_own_budgets_in_one_launch():
     tables = tables[: len(prompts) * per_request].view(len(prompts), per_request)
     plan = RoundPlanner(config, range(layers), range(heads)).plan(prompts, [1, 2, 3], [0, 4, 9])
     assert plan.sources.shape == (3, config.buffer_size)
-    caches = poisoned_caches(FLASH, "NHD", layers, num_blocks, block_size, heads, 4, torch.half, 2)
+    caches = poisoned_caches(
+        "NHD", layers, num_blocks, block_size, heads, 4, torch.half, "cpu", generator=seeded(2)
+    )
     before = [c.clone() for c in caches]
     expected = [c.clone() for c in caches]
     PagedCompactor(FLASH, block_size).apply(plan, expected, tables)
     TritonCompactor(FLASH, block_size).apply(plan, caches, tables)
     for got, want, old in zip(caches, expected, before, strict=True):
-        assert torch.equal(bits(got), bits(want))
-        assert not torch.equal(bits(got), bits(old))  # the round moved something
+        assert same_bits(got, want)
+        assert not same_bits(got, old)  # the round moved something
 
 
 def test_triton_compactor_refusals():
@@ -162,15 +149,15 @@ def test_triton_compactor_refusals():
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Triton's note on an fp-fusion default
-@pytest.mark.parametrize("layout", [FLASH, SPLIT])
-def test_kernel_compiles_for_hopper_with_vectorized_row_copies(layout):
+@pytest.mark.parametrize("name", ["NHD", "split"])
+def test_kernel_compiles_for_hopper_with_vectorized_row_copies(name):
     """No GPU needed: Triton's NVIDIA backend compiles the kernel to PTX for sm_90."""
     compiler = pytest.importorskip("triton.compiler")
     from triton.backends.compiler import GPUTarget
     from triton.runtime.jit import JITFunction
 
-    caches = poisoned_caches(layout, "NHD", 2, 8, 16, 8, 128, torch.bfloat16, 0)
-    geo = triton_compactor._geometry(layout, caches)
+    caches = poisoned_caches(name, 2, 8, 16, 8, 128, torch.bfloat16, "cpu", generator=seeded(0))
+    geo = triton_compactor._geometry(kv_layout(name), caches)
     kernel = JITFunction(triton_compactor._fill_holes)  # compiled, whatever TRITON_INTERPRET says
     pointers = ("layer_addrs", "evicted", "sources", "tables")
     constants = {
@@ -204,7 +191,9 @@ def test_warmup_compiles_the_only_variant_serving_meets(monkeypatch):
     fresh plan tensors launch under the warmed specialisation key: no compile in a step."""
     config = RandKVConfig(budget=40, buffer_size=4, seed=2)
     layers, heads, block_size = 2, 2, 4
-    caches = poisoned_caches(FLASH, "NHD", layers, 80, block_size, heads, 4, torch.bfloat16, 3)
+    caches = poisoned_caches(
+        "NHD", layers, 80, block_size, heads, 4, torch.bfloat16, "cpu", generator=seeded(3)
+    )
     kernel = triton_compactor.KERNEL
     monkeypatch.setattr(Kernel, "tracking", True)
     monkeypatch.setattr(kernel, "launched", Counter())

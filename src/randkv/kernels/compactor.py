@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -169,6 +170,17 @@ def check_caches(
         raise ValueError(
             f"plan covers {plan.evicted.shape[2]} KV heads, the KV caches hold {heads}"
         )
+
+
+class Compactor(Protocol):
+    """What applies round plans to paged caches: `PagedCompactor` (torch) and
+    `randkv.kernels.triton_compactor.TritonCompactor` (one Triton launch)."""
+
+    def moved_bytes(self, plan: RoundPlan, caches: Sequence[torch.Tensor]) -> int: ...
+
+    def apply(
+        self, plan: RoundPlan, caches: Sequence[torch.Tensor], block_tables: torch.Tensor
+    ) -> None: ...
 
 
 class PagedCompactor:
