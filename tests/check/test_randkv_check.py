@@ -79,6 +79,13 @@ def test_check_runs_its_cpu_parts_without_vllm(tmp_path):
     assert checks["platform"]["triton_interpret"] == "1"  # set by the command on CPU
     launches = checks["launches"]["counts"]
     assert launches["triton"]["launches"] <= 3 < launches["torch"]["launches"]
+    # The Triton compaction's launches as measured (one kernel, besides its copies).
+    compaction = checks["launches"]["compaction"]
+    assert compaction["kernels"] == 1 <= compaction["launches"]
+    plural = "" if compaction["launches"] == 1 else "es"
+    assert checks["launches"]["summary"].endswith(
+        f"; compaction {compaction['launches']} launch{plural}"
+    )
     # The one-screen verdict lists every line and the overall result.
     tail = result.stdout[result.stdout.index("randkv check: verdict") :]
     assert all(name in tail for name in checks)
@@ -86,17 +93,25 @@ def test_check_runs_its_cpu_parts_without_vllm(tmp_path):
 
 
 def test_a_failing_line_is_recorded_and_the_others_still_run(tmp_path):
-    from randkv.check.report import Report
+    from randkv.check.report import CheckLine, Report
 
     report = Report(tmp_path / "r.json", budget_s=60, echo=False)
-    report.run("broken", lambda: 1 / 0)
-    report.run("fine", lambda: {"summary": "ok"})
+    report.run("broken", lambda: CheckLine(summary=str(1 / 0)))
+    report.run("fine", lambda: CheckLine(summary="ok", details={"n": [1, 2]}))
+    report.run("not json", lambda: CheckLine(details={"x": object()}))  # type: ignore[dict-item]
+    report.run("unknown status", lambda: CheckLine(status="great"))  # type: ignore[arg-type]
     assert report.finish() == 1
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["checks"]["broken"]["status"] == "fail"
     assert "ZeroDivisionError" in doc["checks"]["broken"]["traceback"]
-    assert doc["checks"]["fine"]["status"] == "pass"
-    assert doc["verdict"] == {**doc["verdict"], "passed": False, "failed": ["broken"]}
+    fine = doc["checks"]["fine"]
+    assert fine == {"status": "pass", "summary": "ok", "n": [1, 2], "seconds": fine["seconds"]}
+    assert "object is not JSON" in doc["checks"]["not json"]["summary"]
+    assert "unknown status 'great'" in doc["checks"]["unknown status"]["summary"]
+    failed = ["broken", "not json", "unknown status"]
+    assert doc["verdict"] == {**doc["verdict"], "passed": False, "failed": failed}
+    assert doc["verdict"]["counts"] == {"pass": 1, "fail": 3, "skip": 0, "info": 0}
+    assert doc["finished"] is True
 
 
 # The V2 leg's one check test (make test-v2): the vLLM lines on vLLM's V2 model runner.
@@ -114,11 +129,11 @@ def test_the_vllm_lines_pass_with_the_installed_vllm(tiny_model_path):
 
     cpu = torch.device("cpu")
     backend = engine.attention_backend(cpu)
-    assert backend["status"] == "pass", backend
+    assert backend.status == "pass", backend
     modes = engine.engine_modes(cpu, tiny_model_path)
-    assert modes["status"] == "pass" and modes["modes_run"] == ["cpu-eager"], modes
+    assert modes.status == "pass" and modes.details["modes_run"] == ["cpu-eager"], modes
     stock = engine.engine_matches_stock(cpu, tiny_model_path)
-    assert stock["status"] == "pass", stock
+    assert stock.status == "pass", stock
 
 
 def test_the_async_line_compares_where_vllm_schedules_async(tiny_model_path):
@@ -134,7 +149,7 @@ def test_the_async_line_compares_where_vllm_schedules_async(tiny_model_path):
 
     cpu = torch.device("cpu")
     line = engine.engine_async_scheduling(cpu, tiny_model_path)
-    assert line["status"] == "skip" and "synchronously" in line["summary"], line
+    assert line.status == "skip" and "synchronously" in line.summary, line
     with cpu_async_scheduling():
         line = engine.engine_async_scheduling(cpu, tiny_model_path)
-    assert line["status"] == "pass" and "async" in line["summary"], line
+    assert line.status == "pass" and "async" in line.summary, line

@@ -24,12 +24,12 @@ import functools
 import operator
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeAlias, TypeVar, Union, get_args, get_origin
 
-#: Any JSON value.
-Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
-#: A JSON object.
+#: Any JSON value (read-only containers, so a `dict[str, int]` is one too).
+Json: TypeAlias = None | bool | int | float | str | Sequence["Json"] | Mapping[str, "Json"]
+#: A JSON object, as `to_json` builds one.
 JsonObject: TypeAlias = dict[str, Json]
 
 #: Field metadata: leave the field out of the JSON while its value is None.
@@ -84,7 +84,7 @@ def to_json(value: object) -> Json:
         return value
     if isinstance(value, list | tuple):
         return [to_json(item) for item in value]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         if not all(isinstance(key, str) for key in value):
             raise TypeError(f"JSON object keys must be strings, got {list(value)!r}")
         return {key: to_json(item) for key, item in value.items()}
@@ -270,7 +270,7 @@ def _is_json(kind: Any) -> bool:
     if get_origin(kind) not in (Union, types.UnionType):
         return False
     members = get_args(kind)
-    return set(_SIMPLE) <= set(members) and {get_origin(m) for m in members} >= {list, dict}
+    return set(_SIMPLE) <= set(members) and {get_origin(m) for m in members} >= {Sequence, Mapping}
 
 
 def _required(spec: dataclasses.Field[Any]) -> bool:

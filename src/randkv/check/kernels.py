@@ -1,28 +1,41 @@
 """`randkv check` without vLLM: the planner, the compactors, attention over compacted
 caches, CUDA-graph replay, compile cost, host syncs, launches and speed.
 
-Each function takes the `Setup` and returns a report line (see `randkv.check.report`).
+Each function takes the `Setup` and returns a `CheckLine` (see `randkv.check.report`).
+Caches, the reference compaction and the timer are `randkv.kernels.reference`'s and
+`randkv.bench.timing`'s, the same the kernel tests and benchmarks use.
 On CUDA the shapes are real; elsewhere they are tiny and the Triton kernels run in
 Triton's interpreter (the command sets TRITON_INTERPRET=1 before Triton is imported).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import functools
 import math
 import os
 import platform
 import random
-import statistics
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from randkv import spec
-from randkv.kernels.compactor import KVLayout, PagedCompactor
+from randkv.bench.records import OMITTED_WHEN_NONE, Json, to_json
+from randkv.bench.timing import Timing, time_calls
+from randkv.check.report import CheckLine, Status
+from randkv.kernels.compactor import Compactor, KVLayout, PagedCompactor
 from randkv.kernels.planner import RoundPlanner
+from randkv.kernels.reference import (
+    LAYOUTS,
+    CacheLayout,
+    kv_layout,
+    poisoned_caches,
+    reference_compact,
+    same_bits,
+)
 from randkv.spec.config import RandKVConfig
 from randkv.spec.rounds import RoundPlan
 
@@ -30,7 +43,6 @@ KEYS = (0, 2**63, 2**64 - 1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HEAD_SIZES = (64, 80, 96, 128, 256)
 BLOCK_SIZES = (16, 32)
-LAYOUTS = ("NHD", "HND", "split")
 
 
 @dataclass(frozen=True)
@@ -56,67 +68,6 @@ class Setup:
 # --------------------------------------------------------------------------- helpers
 
 
-def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Random bit patterns (NaN payloads included) of `dtype`: any stray write shows."""
-    words = shape[-1] * dtype.itemsize // 2
-    bits = torch.randint(-(2**15), 2**15, (*shape[:-1], words), dtype=torch.int16, device=device)
-    return bits.view(dtype)
-
-
-def make_caches(
-    layout: str,
-    layers: int,
-    blocks: int,
-    block_size: int,
-    heads: int,
-    head: int,
-    dtype: Any,
-    device: torch.device,
-) -> list[torch.Tensor]:
-    """FlashAttention caches (NHD or HND stride order) or split K/V ones, poisoned."""
-    caches = []
-    for _ in range(layers):
-        if layout == "split":
-            caches.append(poisoned((2, blocks, block_size, heads, head), dtype, device))
-        elif layout == "NHD":  # physical (blocks, slots, heads, 2D)
-            base = poisoned((blocks, block_size, heads, 2 * head), dtype, device)
-            caches.append(base.permute(0, 2, 1, 3))
-        else:
-            caches.append(poisoned((blocks, heads, block_size, 2 * head), dtype, device))
-    return caches
-
-
-def kind_of(layout: str) -> KVLayout:
-    return KVLayout.KV_BLOCK_SLOT_HEAD if layout == "split" else KVLayout.BLOCK_HEAD_SLOT
-
-
-def reference_apply(layout: str, plan: RoundPlan, caches: list[torch.Tensor], tables: Any) -> None:
-    """The moves straight from the plan's definition: per (request, layer, head), r rows."""
-    device = caches[0].device
-    block_size = caches[0].shape[2]
-    evicted, sources, tables = plan.evicted.cpu(), plan.sources.cpu(), tables.cpu()
-    batch, layers, heads, _ = evicted.shape
-    for b in range(batch):
-        src_blk = tables[b, sources // block_size].to(device)
-        src_off = (sources % block_size).to(device)
-        for layer in range(layers):
-            cache = caches[layer]
-            for h in range(heads):
-                holes = evicted[b, layer, h]
-                dst_blk = tables[b, holes // block_size].to(device)
-                dst_off = (holes % block_size).to(device)
-                if layout == "split":
-                    for half in (0, 1):
-                        cache[half][dst_blk, dst_off, h] = cache[half][src_blk, src_off, h]
-                else:
-                    cache[dst_blk, h, dst_off] = cache[src_blk, h, src_off]
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.view(view), b.view(view))
-
-
 def batch_inputs(config: RandKVConfig, size: int, rng: random.Random) -> tuple[list[int], ...]:
     """Prompts (exactly K first, 0 last), keys (the extremes first), round indices (some
     above 2**31)."""
@@ -129,42 +80,31 @@ def batch_inputs(config: RandKVConfig, size: int, rng: random.Random) -> tuple[l
     return prompts, keys, rounds
 
 
-def timer(setup: Setup, fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Median and min milliseconds: CUDA events on CUDA, perf_counter elsewhere."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if setup.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-    return {"median_ms": round(statistics.median(times), 4), "min_ms": round(min(times), 4)}
+def timer(setup: Setup, fn: Callable[[], object], repeats: int) -> Timing:
+    """Median and min milliseconds (`randkv.bench.timing.time_calls`: CUDA events on CUDA,
+    the host clock elsewhere), rounded for the report."""
+    return time_calls(fn, repeats=repeats, device=setup.device).rounded(4)
 
 
-def _result(failures: list[Any], cases: int, what: str, **details: Any) -> dict[str, Any]:
+def _result(failures: Sequence[Json], cases: int, what: str, **details: Json) -> CheckLine:
     if failures:
-        return {
-            "status": "fail",
-            "summary": f"{len(failures)}/{cases} {what} differ, first: {failures[0]}",
-            "failures": failures[:20],
-            **details,
-        }
-    return {"status": "pass", "summary": f"{cases} {what} identical", **details}
+        return CheckLine(
+            status="fail",
+            summary=f"{len(failures)}/{cases} {what} differ, first: {failures[0]}",
+            details={"failures": list(failures[:20]), **details},
+        )
+    return CheckLine(summary=f"{cases} {what} identical", details=details)
+
+
+def _with_summary(line: CheckLine, summary: str) -> CheckLine:
+    return dataclasses.replace(line, summary=summary)
 
 
 # --------------------------------------------------------------------------- platform
 
 
-def platform_info(setup: Setup) -> dict[str, Any]:
-    details: dict[str, Any] = {
+def platform_info(setup: Setup) -> CheckLine:
+    details: dict[str, Json] = {
         "python": platform.python_version(),
         "machine": platform.machine(),
         "torch": torch.__version__,
@@ -198,13 +138,13 @@ def platform_info(setup: Setup) -> dict[str, Any]:
         f"{where}; torch {torch.__version__}, triton {details['triton']}, "
         f"vLLM {details['vllm'] or 'not installed'}"
     )
-    return {"status": "info", "summary": summary, **details}
+    return CheckLine(status="info", summary=summary, details=details)
 
 
 # --------------------------------------------------------------------------- planner
 
 
-def planner_bit_identity(setup: Setup) -> dict[str, Any]:
+def planner_bit_identity(setup: Setup) -> CheckLine:
     """The planner on this device (Triton backend where it runs) against the torch planner
     on CPU, every row, and against the pure-Python spec on spot checks."""
     backend = "auto" if setup.cuda else "triton"
@@ -214,7 +154,8 @@ def planner_bit_identity(setup: Setup) -> dict[str, Any]:
     layers, heads = (range(36), range(8)) if setup.cuda else (range(2), range(2))
     sizes = (1, 8, 64) if setup.cuda else (1, 3)
     rng = random.Random(1)
-    failures, cases, backends = [], 0, set()
+    failures: list[Json] = []
+    cases, backends = 0, set()
     for budget, buffer, seed in configs:
         config = RandKVConfig(budget=budget, buffer_size=buffer, seed=seed)
         here = RoundPlanner(config, layers, heads, setup.device, backend=backend)
@@ -246,11 +187,13 @@ def planner_bit_identity(setup: Setup) -> dict[str, Any]:
             if not equal:
                 failures.append({"K": budget, "r": buffer, "seed": seed, "batch": size})
     line = _result(failures, cases, "planned steps", backends=sorted(backends))
-    line["summary"] += f" (planner backend {', '.join(sorted(backends))} vs CPU torch and spec)"
-    return line
+    return _with_summary(
+        line,
+        f"{line.summary} (planner backend {', '.join(sorted(backends))} vs CPU torch and spec)",
+    )
 
 
-def planner_slices(setup: Setup) -> dict[str, Any]:
+def planner_slices(setup: Setup) -> CheckLine:
     """Tensor-parallel and pipeline slices plan exactly their part of the full plan."""
     config = RandKVConfig(budget=2048 if setup.cuda else 96, buffer_size=64 if setup.cuda else 8)
     num_layers, num_heads = (36, 8) if setup.cuda else (4, 4)
@@ -272,15 +215,15 @@ def planner_slices(setup: Setup) -> dict[str, Any]:
     cases["pp2_stage1"] = torch.equal(
         plan(range(half, num_layers), range(num_heads)), full[:, half:]
     )
-    failures = [name for name, ok in cases.items() if not ok]
+    failures: list[Json] = [name for name, ok in cases.items() if not ok]
     return _result(failures, len(cases), "TP/PP slices", slices=cases)
 
 
 # --------------------------------------------------------------------------- compactors
 
 
-def compactor_matrix(setup: Setup) -> dict[str, Any]:
-    """Torch and Triton compactors bitwise against `reference_apply` for every dtype, head
+def compactor_matrix(setup: Setup) -> CheckLine:
+    """Torch and Triton compactors bitwise against `reference_compact` for every dtype, head
     size, block size and layout vLLM's GPU backends use."""
     from randkv.kernels.triton_compactor import TritonCompactor
 
@@ -289,7 +232,8 @@ def compactor_matrix(setup: Setup) -> dict[str, Any]:
     requests, layers = 3, 2
     heads_for = {"NHD": 4, "HND": 4, "split": 4} if setup.cuda else {"NHD": 2, "HND": 1, "split": 1}
     head_sizes = HEAD_SIZES
-    failures, cases = [], 0
+    failures: list[Json] = []
+    cases = 0
     for block_size in BLOCK_SIZES:
         per = math.ceil(config.max_physical_length / block_size)
         blocks = requests * per + 3  # three blocks nobody owns stay poisoned
@@ -302,15 +246,16 @@ def compactor_matrix(setup: Setup) -> dict[str, Any]:
             plan = RoundPlan(plan.evicted.to(device), plan.sources.to(device))
             for dtype_name, dtype in DTYPES.items():
                 for head in head_sizes:
-                    base = make_caches(
+                    base = poisoned_caches(
                         layout, layers, blocks, block_size, heads, head, dtype, device
                     )
                     want = [c.clone() for c in base]
-                    reference_apply(layout, plan, want, tables)
-                    for name, compactor in (
-                        ("torch", PagedCompactor(kind_of(layout), block_size)),
-                        ("triton", TritonCompactor(kind_of(layout), block_size)),
-                    ):
+                    reference_compact(kv_layout(layout), plan, want, tables)
+                    compactors: tuple[tuple[str, Compactor], ...] = (
+                        ("torch", PagedCompactor(kv_layout(layout), block_size)),
+                        ("triton", TritonCompactor(kv_layout(layout), block_size)),
+                    )
+                    for name, compactor in compactors:
                         where = f"{name} {layout} {dtype_name} D={head} bs={block_size}"
                         got = [c.clone() for c in base]
                         cases += 1
@@ -322,14 +267,16 @@ def compactor_matrix(setup: Setup) -> dict[str, Any]:
                         if not all(same_bits(g, w) for g, w in zip(got, want, strict=True)):
                             failures.append(where)
     line = _result(failures, cases, "compactions", head_sizes=list(head_sizes))
-    line["summary"] += (
-        f" ({'/'.join(DTYPES)}, D {','.join(map(str, head_sizes))}, "
-        f"block {'/'.join(map(str, BLOCK_SIZES))}, {'/'.join(LAYOUTS)}; torch and Triton)"
+    return _with_summary(
+        line,
+        f"{line.summary} ({'/'.join(DTYPES)}, D {','.join(map(str, head_sizes))}, "
+        f"block {'/'.join(map(str, BLOCK_SIZES))}, {'/'.join(LAYOUTS)}; torch and Triton)",
     )
-    return line
 
 
-def _write_token(cache: torch.Tensor, layout: str, block: int, offset: int, kv: torch.Tensor):
+def _write_token(
+    cache: torch.Tensor, layout: CacheLayout, block: int, offset: int, kv: torch.Tensor
+) -> None:
     """Write one token's (heads, 2D) keys|values into `cache` at (block, offset)."""
     if layout == "split":
         half = kv.shape[-1] // 2
@@ -341,8 +288,8 @@ def _write_token(cache: torch.Tensor, layout: str, block: int, offset: int, kv: 
 
 def _fill_and_compact(
     config: RandKVConfig,
-    layout: str,
-    compactor: Any,
+    layout: CacheLayout,
+    compactor: Compactor,
     planner: RoundPlanner,
     dense: torch.Tensor,  # (layers, tokens, heads, 2D): every token's keys|values
     prompt: int,
@@ -365,7 +312,9 @@ def _fill_and_compact(
     return length
 
 
-def _physical(cache: torch.Tensor, layout: str, table: torch.Tensor, length: int) -> torch.Tensor:
+def _physical(
+    cache: torch.Tensor, layout: CacheLayout, table: torch.Tensor, length: int
+) -> torch.Tensor:
     """(heads, length, 2D) keys|values in physical slot order."""
     block_size = cache.shape[2]
     slots = torch.arange(length)
@@ -376,7 +325,7 @@ def _physical(cache: torch.Tensor, layout: str, table: torch.Tensor, length: int
     return cache[blocks, :, offsets].transpose(0, 1)
 
 
-def attention_semantic(setup: Setup) -> dict[str, Any]:
+def attention_semantic(setup: Setup) -> CheckLine:
     """Decode with rounds; then each slot holds exactly the spec's position (bitwise), and
     attention (`scaled_dot_product_attention`) over the compacted physical slots equals
     attention over the retained positions of a dense cache."""
@@ -392,14 +341,18 @@ def attention_semantic(setup: Setup) -> dict[str, Any]:
     # The torch planner: a Triton planner problem shows in the planner lines, not here.
     planner = RoundPlanner(config, range(layers), range(heads), device, backend="torch")
     generator = torch.Generator().manual_seed(0)
-    failures, cases, worst = [], 0, 0.0
+    failures: list[Json] = []
+    cases, worst = 0, 0.0
     for dtype_name, dtype in DTYPES.items():
         dense = torch.randn(layers, tokens, heads, 2 * head, generator=generator).to(dtype)
         dense = dense.to(device)
         query = torch.randn(heads, 1, head, generator=generator).to(device)
-        for layout in ("NHD", "split"):
-            compactor = TritonCompactor(kind_of(layout), block_size)
-            caches = make_caches(layout, layers, 2 * blocks, block_size, heads, head, dtype, device)
+        layouts: tuple[CacheLayout, ...] = ("NHD", "split")
+        for layout in layouts:
+            compactor = TritonCompactor(kv_layout(layout), block_size)
+            caches = poisoned_caches(
+                layout, layers, 2 * blocks, block_size, heads, head, dtype, device
+            )
             length = _fill_and_compact(
                 config, layout, compactor, planner, dense, prompt, key, table, caches
             )
@@ -436,12 +389,13 @@ def attention_semantic(setup: Setup) -> dict[str, Any]:
                     if error > setup.tolerance:
                         failures.append(f"attention: {where}, max error {error:.2e}")
     line = _result(failures, cases, "(layer, head, dtype, layout) attentions", max_error=worst)
-    if not failures:
-        line["summary"] = (
-            f"{cases} attentions over compacted slots equal attention over the retained "
-            f"positions (max error {worst:.1e}; slot contents bitwise)"
-        )
-    return line
+    if failures:
+        return line
+    return _with_summary(
+        line,
+        f"{cases} attentions over compacted slots equal attention over the retained "
+        f"positions (max error {worst:.1e}; slot contents bitwise)",
+    )
 
 
 def _attend(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
@@ -456,7 +410,7 @@ def _attend(query: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- CUDA graphs
 
 
-def cuda_graph_replay(setup: Setup) -> dict[str, Any]:
+def cuda_graph_replay(setup: Setup) -> CheckLine:
     """A captured graph reads a seq_lens buffer, a slot buffer and the KV cache; after
     RandKV's in-place edits (compaction of the cache, `seq_lens -= shift` as the worker
     does) its replay must equal eager attention over the retained positions.
@@ -499,7 +453,7 @@ def cuda_graph_replay(setup: Setup) -> dict[str, Any]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             body()
-        run = graph.replay
+        run: Callable[[], None] = graph.replay
     else:
         run = body
     run()
@@ -512,7 +466,8 @@ def cuda_graph_replay(setup: Setup) -> dict[str, Any]:
     seq_lens -= shift  # in place, like randkv_physical_inputs
     run()
     setup.synchronize()
-    failures, worst = [], 0.0
+    failures: list[Json] = []
+    worst = 0.0
     for b, prompt in enumerate([4, 0]):
         for h in range(heads):
             kept = list(
@@ -536,21 +491,25 @@ def cuda_graph_replay(setup: Setup) -> dict[str, Any]:
     if torch.equal(before, out):
         failures.append("the replay after the edits returned the pre-edit output")
     line = _result(failures, requests * heads, "replayed attentions", max_error=worst)
-    if not failures:
-        line["summary"] = (
-            f"graph replayed after in-place compaction and seq_lens edit: equals attention "
-            f"over retained positions (max error {worst:.1e})"
+    if failures:
+        return line
+    if not setup.cuda:
+        return dataclasses.replace(
+            line,
+            status="skip",
+            summary="no CUDA: the graph body ran eagerly and matched; nothing captured",
         )
-        if not setup.cuda:
-            line["status"] = "skip"
-            line["summary"] = "no CUDA: the graph body ran eagerly and matched; nothing captured"
-    return line
+    return _with_summary(
+        line,
+        f"graph replayed after in-place compaction and seq_lens edit: equals attention "
+        f"over retained positions (max error {worst:.1e})",
+    )
 
 
 # --------------------------------------------------------------------------- compile
 
 
-def compile_once(setup: Setup) -> dict[str, Any]:
+def compile_once(setup: Setup) -> CheckLine:
     """Warm-up compiles each Triton kernel's one serving variant (timed on CUDA); then
     serving-like steps (any batch, table widths 1 / 16k / other) meet only warmed keys and,
     on CUDA, add nothing to Triton's cache."""
@@ -562,14 +521,14 @@ def compile_once(setup: Setup) -> dict[str, Any]:
     config = RandKVConfig(budget=2048 if setup.cuda else 40, buffer_size=64 if setup.cuda else 4)
     layers, heads, head, block_size = (4, 8, 128, 16) if setup.cuda else (2, 1, 64, 16)
     blocks = 64
-    caches = make_caches("NHD", layers, blocks, block_size, heads, head, torch.bfloat16, device)
+    caches = poisoned_caches("NHD", layers, blocks, block_size, heads, head, torch.bfloat16, device)
     kernels = {"compactor": triton_compactor.KERNEL, "planner": triton_planner.KERNEL}
     saved = {n: (k.warmed, k.launched) for n, k in kernels.items()}
     tracking = Kernel.tracking
     Kernel.tracking = True
     try:
         for kernel in kernels.values():
-            kernel.warmed, kernel.launched = set(), __import__("collections").Counter()
+            kernel.warmed, kernel.launched = set(), collections.Counter()
         backend = "auto" if setup.cuda else "triton"
         planner = RoundPlanner(config, range(layers), range(heads), device, backend=backend)
         compactor = TritonCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size)
@@ -596,9 +555,13 @@ def compile_once(setup: Setup) -> dict[str, Any]:
         for n in kernels
         if variants[n] is not None and after[n] != variants[n]
     ]
-    details = {"compile_seconds": seconds, "variants": after, "unwarmed": unwarmed}
+    details: dict[str, Json] = {
+        "compile_seconds": seconds,
+        "variants": after,
+        "unwarmed": unwarmed,
+    }
     if failures:
-        return {"status": "fail", "summary": "; ".join(failures), **details}
+        return CheckLine(status="fail", summary="; ".join(failures), details=details)
     if setup.cuda:
         summary = (
             f"warm-up compiled compactor in {seconds['compactor']:.2f} s, planner in "
@@ -607,13 +570,13 @@ def compile_once(setup: Setup) -> dict[str, Any]:
         )
     else:
         summary = "serving-like steps meet only the warmed variants (interpreter: no compile)"
-    return {"status": "pass", "summary": summary, **details}
+    return CheckLine(summary=summary, details=details)
 
 
 # --------------------------------------------------------------------------- host work
 
 
-def host_syncs(setup: Setup) -> dict[str, Any]:
+def host_syncs(setup: Setup) -> CheckLine:
     """One step's RandKV work (plan + compaction) reads nothing back to the host."""
     from randkv.kernels.hostsync import count_host_syncs
     from randkv.kernels.triton_compactor import TritonCompactor
@@ -624,29 +587,32 @@ def host_syncs(setup: Setup) -> dict[str, Any]:
     block_size = 16
     per = math.ceil(config.max_physical_length / block_size)
     tables = torch.randperm(requests * per).view(requests, per)  # a host tensor
-    caches = make_caches(
+    caches = poisoned_caches(
         "NHD", layers, requests * per, block_size, heads, head, torch.bfloat16, device
     )
     planner = RoundPlanner(config, range(layers), range(heads), device)
-    compactors = {
+    compactors: dict[str, Compactor] = {
         "triton": TritonCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size),
         "torch": PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size),
     }
     prompts, keys, rounds = batch_inputs(config, requests, random.Random(5))
 
-    def step(compactor: Any) -> None:
+    def step(compactor: Compactor) -> None:
         compactor.apply(planner.plan(prompts, keys, rounds), caches, tables)
 
     for compactor in compactors.values():
         step(compactor)  # warm up: compile, pinned buffers
     setup.synchronize()
-    counts = {}
+    counts: dict[str, Json] = {}
+    failures: list[Json] = []
     for name, compactor in compactors.items():
         with count_host_syncs() as syncs:
             step(compactor)
-        counts[name] = {"total": syncs.total, "by_op": dict(syncs.counts)}
-    failures = [f"plan+{n}: {c['by_op']}" for n, c in counts.items() if c["total"]]
-    details: dict[str, Any] = {"counts": counts}
+        by_op = dict(syncs.counts)
+        counts[name] = {"total": syncs.total, "by_op": by_op}
+        if syncs.total:
+            failures.append(f"plan+{name}: {by_op}")
+    details: dict[str, Json] = {"counts": counts}
     if setup.cuda:
         torch.cuda.set_sync_debug_mode("error")  # raises on any synchronizing CUDA call
         try:
@@ -657,39 +623,80 @@ def host_syncs(setup: Setup) -> dict[str, Any]:
         finally:
             torch.cuda.set_sync_debug_mode(0)
     line = _result(failures, len(counts), "steps", **details)
-    if not failures:
-        line["summary"] = "0 host syncs per step (plan + Triton or torch compaction)" + (
-            ", none under CUDA's sync debug mode" if setup.cuda else ""
+    if failures:
+        return line
+    return _with_summary(
+        line,
+        "0 host syncs per step (plan + Triton or torch compaction)"
+        + (", none under CUDA's sync debug mode" if setup.cuda else ""),
+    )
+
+
+def _compaction_launches(setup: Setup) -> tuple[int, collections.Counter[str]]:
+    """Launches of one Triton compaction of a step's rounds (the count does not depend on
+    the shape: one kernel for every request, layer and head, besides its copies)."""
+    from randkv.kernels.launches import count_launches
+    from randkv.kernels.triton_compactor import TritonCompactor
+
+    device, block_size = setup.device, 16
+    if setup.cuda:
+        config, requests, layers, heads, head = (
+            RandKVConfig(budget=256, buffer_size=16),
+            64,
+            2,
+            8,
+            128,
         )
-    return line
+    else:
+        config, requests, layers, heads, head = RandKVConfig(budget=32, buffer_size=4), 2, 1, 1, 64
+    per = math.ceil(config.max_physical_length / block_size)
+    tables = torch.randperm(requests * per).view(requests, per).to(device)  # the engine's
+    caches = poisoned_caches(
+        "NHD", layers, requests * per, block_size, heads, head, torch.bfloat16, device
+    )
+    planner = RoundPlanner(config, range(layers), range(heads), device, backend="torch")
+    plan = planner.plan(*batch_inputs(config, requests, random.Random(6)))
+    compactor = TritonCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size)
+    compactor.apply(plan, caches, tables)  # warm up: compile, pinned buffers
+    setup.synchronize()
+    return count_launches(lambda: compactor.apply(plan, caches, tables))
 
 
-def launches(setup: Setup) -> dict[str, Any]:
-    """Kernel launches per planned step of 64 rounds: this device's planner vs torch's."""
-    from randkv.kernels.launches import planner_launches
+def launches(setup: Setup) -> CheckLine:
+    """Kernel launches per planned step of 64 rounds (this device's planner vs torch's), and
+    of one Triton compaction: one kernel whatever the step holds."""
+    from randkv.kernels.launches import LAUNCH_LABEL, planner_launches
 
     config = RandKVConfig(budget=2048, buffer_size=64)
     layers, heads = (range(36), range(8)) if setup.cuda else (range(1), range(1))
     backend = "auto" if setup.cuda else "triton"
     here = RoundPlanner(config, layers, heads, setup.device, backend=backend)
     torch_planner = RoundPlanner(config, layers, heads, setup.device, backend="torch")
-    counts = {}
+    counts: dict[str, Json] = {}
+    totals: dict[str, int] = {}
     for name, planner in ((here.backend, here), ("torch", torch_planner)):
         total, by_op = planner_launches(planner, 64)
         counts[name] = {"launches": total, "by_op": dict(by_op)}
-    fast = counts[here.backend]["launches"]
-    status = "pass" if fast <= 4 else "fail"
+        totals[name] = total
+    compaction, compaction_ops = _compaction_launches(setup)
+    kernels = sum(n for op, n in compaction_ops.items() if op.startswith(LAUNCH_LABEL))
+    fast = totals[here.backend]
+    status: Status = "pass" if fast <= 4 and kernels == 1 else "fail"
     summary = (
         f"64-round step: {here.backend} planner {fast} launches, torch planner "
-        f"{counts['torch']['launches']}; compaction 1 launch"
+        f"{totals['torch']}; compaction {compaction} launch{'' if compaction == 1 else 'es'}"
     )
-    return {"status": status, "summary": summary, "counts": counts}
+    details: dict[str, Json] = {
+        "counts": counts,
+        "compaction": {"launches": compaction, "kernels": kernels, "by_op": dict(compaction_ops)},
+    }
+    return CheckLine(status=status, summary=summary, details=details)
 
 
 # --------------------------------------------------------------------------- speed
 
 
-def speed(setup: Setup) -> dict[str, Any]:
+def speed(setup: Setup) -> CheckLine:
     """Compaction GB/s against a plain device copy of the same bytes, and planner time, at
     Qwen3-4B-like shapes (36 layers, 8 KV heads, D 128, bf16) for 1, 8 and 64 rounds."""
     from randkv.kernels.triton_compactor import TritonCompactor
@@ -705,7 +712,9 @@ def speed(setup: Setup) -> dict[str, Any]:
     most = 64 if setup.cuda else 2
     tables = torch.randperm(most * per, generator=torch.Generator().manual_seed(0))
     tables = tables.view(most, per)
-    caches = make_caches("NHD", layers, most * per, block_size, heads, head, torch.bfloat16, device)
+    caches = poisoned_caches(
+        "NHD", layers, most * per, block_size, heads, head, torch.bfloat16, device
+    )
     # Plans come from the torch planner; both planners are timed (a Triton failure is
     # recorded in its row and leaves the compaction figures standing).
     planners = {
@@ -714,46 +723,81 @@ def speed(setup: Setup) -> dict[str, Any]:
             config, range(layers), range(heads), device, backend="auto" if setup.cuda else "triton"
         ),
     }
-    compactors = {
+    compactors: dict[str, Compactor] = {
         "triton": TritonCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size),
         "torch": PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, block_size),
     }
     rng = random.Random(0)
-    details: dict[str, Any] = {
+    details: dict[str, Json] = {
         "shape": {"layers": layers, "kv_heads": heads, "head_dim": head, "K": budget, "r": buffer},
     }
+    rows: list[SpeedRow] = []
     for rounds in (1, 8, 64) if setup.cuda else (1, 2):
         step = (
             [rng.randint(16, min(1024, budget)) for _ in range(rounds)],
             [rng.getrandbits(64) for _ in range(rounds)],
             [rng.randint(0, 10_000) for _ in range(rounds)],
         )
-        details[f"rounds_{rounds}"] = _speed_row(
-            setup, planners, compactors, caches, tables[:rounds], step, repeats
-        )
-    last = details[f"rounds_{64 if setup.cuda else 2}"]
+        row = _speed_row(setup, planners, compactors, caches, tables[:rounds], step, repeats)
+        rows.append(row)
+        details[f"rounds_{rounds}"] = to_json(row)
+    last = rows[-1]
     if setup.cuda:
         summary = (
-            f"64 rounds: Triton compaction {last['triton']['gb_per_s']} GB/s = "
-            f"{last['triton']['fraction_of_copy']:.2f}x a plain copy (torch "
-            f"{last['torch']['fraction_of_copy']:.2f}x); planner Triton "
-            f"{last['planner_triton'].get('median_ms', 'error')} ms, torch "
-            f"{last['planner_torch'].get('median_ms', 'error')} ms"
+            f"64 rounds: Triton compaction {last.triton.gb_per_s} GB/s = "
+            f"{last.triton.fraction_of_copy:.2f}x a plain copy (torch "
+            f"{last.torch.fraction_of_copy:.2f}x); planner Triton "
+            f"{_ms(last.planner_triton)} ms, torch {_ms(last.planner_torch)} ms"
         )
     else:
         summary = "CPU timings say nothing about a GPU (recorded in the JSON only)"
-    return {"status": "info", "summary": summary, **details}
+    return CheckLine(status="info", summary=summary, details=details)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """A timed copy or compaction of `SpeedRow.moved_bytes`, milliseconds and GB/s."""
+
+    median_ms: float
+    min_ms: float
+    repeats: int
+    gb_per_s: float
+    # Over the plain copy's GB/s (None: the plain copy itself).
+    fraction_of_copy: float | None = field(default=None, metadata=OMITTED_WHEN_NONE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    """A timing that could not be taken."""
+
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedRow:
+    """Planner and compaction times of one step, against a plain copy of the same bytes."""
+
+    moved_bytes: int
+    plain_copy: Throughput
+    planner_torch: Timing | Failed
+    planner_triton: Timing | Failed
+    triton: Throughput
+    torch: Throughput
+
+
+def _ms(timing: Timing | Failed) -> str:
+    return str(timing.median_ms) if isinstance(timing, Timing) else "error"
 
 
 def _speed_row(
     setup: Setup,
     planners: dict[str, RoundPlanner],
-    compactors: dict[str, Any],
+    compactors: dict[str, Compactor],
     caches: list[torch.Tensor],
     tables: torch.Tensor,
     step: tuple[list[int], list[int], list[int]],
     repeats: int,
-) -> dict[str, Any]:
+) -> SpeedRow:
     """Planner and compaction times of one step, against a plain copy of the same bytes."""
     device = setup.device
     plan = planners["torch"].plan(*step)
@@ -761,28 +805,38 @@ def _speed_row(
     source = torch.empty(moved, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     copy = timer(setup, lambda: target.copy_(source), repeats)
-    row: dict[str, Any] = {
-        "moved_bytes": moved,
-        "plain_copy": {**copy, "gb_per_s": round(moved / copy["median_ms"] / 1e6, 2)},
-    }
+    copy_gbps = round(moved / copy.median_ms / 1e6, 2)
+    planned: dict[str, Timing | Failed] = {}
     for name, planner in planners.items():
         try:
-            row[f"planner_{name}"] = timer(setup, lambda p=planner: p.plan(*step), repeats)
+            planned[name] = timer(setup, functools.partial(planner.plan, *step), repeats)
         except Exception as error:  # recorded in the row; compaction is still timed
-            row[f"planner_{name}"] = {"error": repr(error)[:300]}
+            planned[name] = Failed(error=repr(error)[:300])
+    compacted: dict[str, Throughput] = {}
     for name, compactor in compactors.items():
-        timing = timer(setup, lambda c=compactor: c.apply(plan, caches, tables), repeats)
-        gbps = moved / timing["median_ms"] / 1e6
-        row[name] = {
-            **timing,
-            "gb_per_s": round(gbps, 2),
-            "fraction_of_copy": round(gbps / row["plain_copy"]["gb_per_s"], 3),
-        }
-    return row
+        timing = timer(setup, functools.partial(compactor.apply, plan, caches, tables), repeats)
+        gbps = moved / timing.median_ms / 1e6
+        compacted[name] = Throughput(
+            median_ms=timing.median_ms,
+            min_ms=timing.min_ms,
+            repeats=timing.repeats,
+            gb_per_s=round(gbps, 2),
+            fraction_of_copy=round(gbps / copy_gbps, 3),
+        )
+    return SpeedRow(
+        moved_bytes=moved,
+        plain_copy=Throughput(
+            median_ms=copy.median_ms, min_ms=copy.min_ms, repeats=copy.repeats, gb_per_s=copy_gbps
+        ),
+        planner_torch=planned["torch"],
+        planner_triton=planned["triton"],
+        triton=compacted["triton"],
+        torch=compacted["torch"],
+    )
 
 
 #: (line name, check) in run order: compile first, so its times are cold compiles.
-CHECKS: tuple[tuple[str, Callable[[Setup], dict[str, Any]]], ...] = (
+CHECKS: tuple[tuple[str, Callable[[Setup], CheckLine]], ...] = (
     ("compile_once", compile_once),
     ("planner_bit_identity", planner_bit_identity),
     ("planner_slices", planner_slices),
