@@ -29,7 +29,7 @@ STAMP := $(VENV)/.randkv-setup-stamp
 LEG_TESTS := tests/vllm tests/serve tests/check
 leg = -m "$(1)$(if $(filter 1,$(PART)), and $(2),$(if $(filter 2,$(PART)), and not $(2)))" $(LEG_TESTS)
 
-.PHONY: setup demo test test-vllm test-v2 drift bench study lint format clean
+.PHONY: setup demo test test-vllm test-v2 drift bench study lint typecheck format clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests studies
+	$(BIN)/mypy src/randkv
 	$(PYTEST)
 
 test-vllm: setup
@@ -89,9 +90,13 @@ lint: setup
 	$(BIN)/ruff check src tests studies
 	$(BIN)/ruff format --check src tests studies
 
+# The type check alone (pyproject.toml, [tool.mypy]); `make test` runs it too.
+typecheck: setup
+	$(BIN)/mypy src/randkv
+
 format: setup
 	$(BIN)/ruff format src tests studies
 	$(BIN)/ruff check --fix src tests studies
 
 clean:
-	rm -rf .venv .venv-vllm-* results .pytest_cache .ruff_cache
+	rm -rf .venv .venv-vllm-* results .pytest_cache .ruff_cache .mypy_cache
