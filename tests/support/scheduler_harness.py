@@ -45,6 +45,7 @@ class Harness:
     steps: list[SchedulerOutput] = field(default_factory=list)
     finished: dict[str, Any] = field(default_factory=dict)  # request id -> its last output
     ids: Iterable[int] = field(default_factory=itertools.count)
+    block_hasher: Any = None  # one per harness: vLLM 0.28 draws its root hash at random
 
     @property
     def manager(self) -> Any:
@@ -77,7 +78,7 @@ class Harness:
             prompt_token_ids=prompt,
             sampling_params=params,
             pooling_params=None,
-            block_hasher=_block_hasher(self.block_size),
+            block_hasher=self.block_hasher,
         )
         self.scheduler.add_request(request)
         return request
@@ -179,7 +180,7 @@ def make_harness(
         block_size=block_size,
         log_stats=True,
     )
-    return Harness(scheduler, block_size)
+    return Harness(scheduler, block_size, block_hasher=_block_hasher(block_size))
 
 
 def _plain_scheduler() -> type:
