@@ -8,13 +8,17 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from randkv.bench.workload import PROMPT_KINDS
 
+if TYPE_CHECKING:
+    from randkv.bench.records import Json
+    from randkv.bench.serve import ServeBench
 
-def _print(result: dict[str, Any], as_json: bool) -> None:
+
+def _print(result: Mapping[str, Json], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2))
         return
@@ -44,7 +48,7 @@ def _range(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected N or LOW-HIGH, got {text!r}") from error
 
 
-def _bench_serve_settings(args: argparse.Namespace) -> Any:
+def _bench_serve_settings(args: argparse.Namespace) -> ServeBench:
     from pathlib import Path
 
     from randkv.bench.serve import ServeBench
@@ -183,7 +187,7 @@ def _model_list(args: argparse.Namespace) -> None:
         print(f"{model.name}: {model.description} ({model.package}=={model.version})")
 
 
-def _add_model_commands(commands: Any) -> None:
+def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from randkv.models.shipped import DEFAULT_MODEL, DTYPES
 
     model = commands.add_parser(

@@ -3,11 +3,9 @@ achieved bandwidth of RandKV's hole-filling compactor against a plain torch copy
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from randkv.bench.records import to_json
+from randkv.bench.records import JsonObject, to_json
 from randkv.bench.timing import machine_info, time_calls
 from randkv.kernels.compactor import KVLayout, PagedCompactor
 from randkv.kernels.planner import RoundPlanner
@@ -27,7 +25,7 @@ def run(
     dtype: str = "bfloat16",
     repeats: int = 20,
     threads: int = 1,
-) -> dict[str, Any]:
+) -> JsonObject:
     torch.set_num_threads(threads)
     torch_dtype = getattr(torch, dtype)
     config = RandKVConfig(budget=budget, buffer_size=buffer)

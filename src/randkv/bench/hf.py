@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from randkv.bench.records import to_json
+from randkv.bench.records import JsonObject, to_json
 from randkv.bench.timing import machine_info
 from randkv.spec.config import RandKVConfig
 
@@ -78,7 +78,7 @@ def run(
     threads: int = 1,
     device: str = "cpu",
     seed: int = 0,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Tokens/s of dense vs RandKV greedy generation; see the module docstring for the JSON.
 
     model_path defaults to the tiny random-weight checkpoint (built on first use).
@@ -103,7 +103,7 @@ def run(
         "do_sample": False,
         "eos_token_id": None,
     }
-    runs = []
+    runs: list[JsonObject] = []
     for batch in batch_sizes:
         ids = _prompts(batch, prompt, text.vocab_size).to(device)
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
 
 import torch
 
-from randkv.bench.records import to_json
+from randkv.bench.records import JsonObject, to_json
 from randkv.bench.timing import machine_info, time_calls
 from randkv.kernels.planner import RoundPlanner, to_key_tensor
 from randkv.spec.config import RandKVConfig
@@ -44,7 +43,7 @@ def run(
     batch: int = 64,
     repeats: int = 30,
     threads: int = 1,
-) -> dict[str, Any]:
+) -> JsonObject:
     torch.set_num_threads(threads)
     config = RandKVConfig(budget=budget, buffer_size=buffer)
     config.check_prompt(prompt)
@@ -66,7 +65,7 @@ def run(
         repeats=max(3, repeats // 6),
     )
     per_request_ms = batched.median_ms / batch
-    results: dict[str, Any] = {
+    results: JsonObject = {
         "shape": {
             "layers": layers,
             "kv_heads": kv_heads,
@@ -92,7 +91,7 @@ def run(
     return results
 
 
-def launches_per_step(planner: RoundPlanner) -> dict[str, Any]:
+def launches_per_step(planner: RoundPlanner) -> JsonObject:
     """Kernel launches of one planned step of 1 and 64 rounds, per planner backend.
 
     Counted with the torch profiler (`randkv.kernels.launches`), so on any machine. The Triton
@@ -102,7 +101,7 @@ def launches_per_step(planner: RoundPlanner) -> dict[str, Any]:
     """
     from randkv.kernels.launches import planner_launches
 
-    counts: dict[str, Any] = {}
+    counts: JsonObject = {}
     config, layers, heads = planner.config, planner.layers, planner.kv_heads
     torch_planner = RoundPlanner(config, layers, heads, planner.device, backend="torch")
     counts["torch"] = {str(n): planner_launches(torch_planner, n)[0] for n in (1, 64)}
@@ -113,9 +112,10 @@ def launches_per_step(planner: RoundPlanner) -> dict[str, Any]:
         small = planner.device.type != "cuda"  # the interpreter is slow: one site
         if small:
             triton_planner = RoundPlanner(config, layers[:1], heads[:1], backend="triton")
-        counts["triton"] = {str(n): planner_launches(triton_planner, n)[0] for n in (1, 64)}
+        triton: JsonObject = {str(n): planner_launches(triton_planner, n)[0] for n in (1, 64)}
         if small:
-            counts["triton"]["shape"] = "1 layer x 1 KV head (the count does not depend on it)"
+            triton["shape"] = "1 layer x 1 KV head (the count does not depend on it)"
+        counts["triton"] = triton
     except (ImportError, RuntimeError, ValueError) as error:
         counts["triton"] = f"not measured here: {error}"
     return counts

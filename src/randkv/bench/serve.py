@@ -58,7 +58,7 @@ from randkv.bench.serve_result import (
     Versions,
 )
 from randkv.bench.serve_schema import validate
-from randkv.bench.server import Server, running_server
+from randkv.bench.server import EngineArgs, Server, running_server
 from randkv.bench.timing import machine_info
 from randkv.bench.workload import BenchRequest, WorkloadSpec, build_requests
 from randkv.spec.config import RandKVConfig
@@ -75,8 +75,6 @@ ARMS: tuple[ArmName, ArmName] = ("plain", "randkv")
 #: The optional third arm: plain vLLM with ample memory (`ServeBench.ample_pool_blocks`).
 AMPLE: ArmName = "ample"
 
-#: vLLM's engine arguments by their Python names (`max_num_seqs=8`); None: vLLM decides.
-EngineArgs = dict[str, str | int | float | bool | None]
 #: A progress bar factory: tqdm's keywords in, a context manager out.
 ProgressFactory = Callable[..., AbstractContextManager[Progress]]
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from randkv.spec.config import RandKVConfig
 
 SERVED_MODEL_NAME = "randkv-bench"
+#: vLLM's engine arguments by their Python names (`max_num_seqs=8`); None: vLLM decides.
+EngineArg = str | int | float | bool | None
+EngineArgs = dict[str, EngineArg]
 
 
 def free_port() -> int:
@@ -35,7 +37,7 @@ NEGATABLE_ENGINE_ARGS = frozenset({"async_scheduling"})
 
 
 def serve_argv(
-    model: str, randkv: RandKVConfig | None, engine_args: Mapping[str, Any], port: int
+    model: str, randkv: RandKVConfig | None, engine_args: Mapping[str, EngineArg], port: int
 ) -> list[str]:
     """The `randkv serve` command line; engine_args use vLLM's names (`max_num_seqs=8`)."""
     argv = [sys.executable, "-m", "randkv.cli", "serve", model]
@@ -132,7 +134,7 @@ class Server:
 def running_server(
     model: str,
     randkv: RandKVConfig | None,
-    engine_args: Mapping[str, Any],
+    engine_args: Mapping[str, EngineArg],
     log_path: Path,
     timeout: float = 300.0,
     extra_env: Mapping[str, str] | None = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 _TEXT = (
@@ -87,9 +87,6 @@ class WorkloadSpec:
         if not self.repetition_penalty > 0:
             raise ValueError("WorkloadSpec.repetition_penalty must be positive")
 
-    def to_json(self) -> dict[str, Any]:
-        return {key: list(v) if isinstance(v, tuple) else v for key, v in asdict(self).items()}
-
 
 @dataclass(frozen=True)
 class BenchRequest:
@@ -99,9 +96,9 @@ class BenchRequest:
     question: str | None = None  # a chat request's user message
     repetition_penalty: float = 1.0
 
-    def sampling_fields(self) -> dict[str, Any]:
+    def sampling_fields(self) -> dict[str, int | float | bool]:
         """The completion request's sampling fields: greedy, exactly `max_tokens`."""
-        fields: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": 0}
+        fields: dict[str, int | float | bool] = {"max_tokens": self.max_tokens, "temperature": 0}
         if self.question is None:
             fields["ignore_eos"] = True
         else:

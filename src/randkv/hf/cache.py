@@ -705,7 +705,7 @@ class RandKVCache(Cache):
         """Full-attention layers (indices into `layer_ids`) whose buffers share device, shape
         and strides (one compactor call each)."""
         if self._groups is None:
-            groups: dict[tuple[Any, ...], list[int]] = {}
+            groups: dict[tuple[torch.device, tuple[int, ...], tuple[int, ...]], list[int]] = {}
             for i, layer in enumerate(self._randkv_layers):
                 keys = layer.key_buffer
                 key = (keys.device, tuple(keys.shape), keys.stride())

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch.profiler import ProfilerActivity, profile
 
 from randkv.kernels.triton_jit import LAUNCH_LABEL
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from randkv.kernels.planner import RoundPlanner
 
 # Operators that only make views or allocate: no kernel runs on a GPU.
 _NO_KERNEL = {
@@ -58,7 +63,7 @@ _NO_KERNEL = {
 }
 
 
-def count_launches(fn: Callable[[], Any]) -> tuple[int, Counter[str]]:
+def count_launches(fn: Callable[[], object]) -> tuple[int, Counter[str]]:
     """(launches, per operator) of one call of `fn`."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
@@ -79,7 +84,7 @@ def count_launches(fn: Callable[[], Any]) -> tuple[int, Counter[str]]:
     return sum(counts.values()), counts
 
 
-def _has_child(spans: list[Any], i: int, start: int, end: int) -> bool:
+def _has_child(spans: list[FunctionEvent], i: int, start: int, end: int) -> bool:
     thread = spans[i].thread
     for other in spans[i + 1 :]:
         if other.thread != thread or other.time_range.start >= end:
@@ -89,7 +94,7 @@ def _has_child(spans: list[Any], i: int, start: int, end: int) -> bool:
     return False
 
 
-def _inside_triton(spans: list[Any], i: int) -> bool:
+def _inside_triton(spans: list[FunctionEvent], i: int) -> bool:
     """Torch ops the Triton interpreter runs inside a labelled launch are the kernel's."""
     event = spans[i]
     for other in spans[:i]:
@@ -103,7 +108,9 @@ def _inside_triton(spans: list[Any], i: int) -> bool:
     return False
 
 
-def planner_launches(planner: Any, rounds: int, *, prompt: int = 16) -> tuple[int, Counter[str]]:
+def planner_launches(
+    planner: RoundPlanner, rounds: int, *, prompt: int = 16
+) -> tuple[int, Counter[str]]:
     """Launches of one planned step of `rounds` requests (Python-int inputs, the engine's)."""
     prompts = [min(prompt, planner.config.budget)] * rounds
     keys = [(2**64 - 1 - i * 7919) for i in range(rounds)]
