@@ -11,4 +11,6 @@ imports torch (and Triton where a kernel needs it) and `randkv.spec`, nothing el
 - `slotmap`: slot -> absolute position maps, for observability and tests.
 - `triton_jit`: one Triton kernel, compiled on CUDA and interpreted on CPU tensors.
 - `hostsync`, `launches`: count the host syncs and the device launches of a piece of code.
+- `reference`: poisoned paged caches and the reference compaction the compactors are checked
+  against (`randkv check` and the kernel tests).
 """
