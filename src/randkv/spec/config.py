@@ -37,6 +37,10 @@ def _check_int(name: str, value: Any, low: int, high: int) -> None:
         raise ValueError(f"RandKVConfig.{name} must be in [{low}, {high}], got {value}")
 
 
+#: How a server admits requests (`RandKVConfig.admission`).
+ADMISSION_MODES = ("footprint", "vllm")
+
+
 @dataclass(frozen=True)
 class RandKVConfig:
     """Random Attention eviction settings.
@@ -50,6 +54,12 @@ class RandKVConfig:
     max_request_budget (off by default): the largest budget a request may ask for with
         `randkv_budget` (vLLM: `extra_args` / `vllm_xargs`); off means K, so a request may
         ask for less room than the server's K but not more.
+    admission (serving only; no decision depends on it): "footprint" (the default) admits a
+        request only when the pool holds every admitted request at its largest footprint
+        (the blocks of K + 2r, or of its whole length if shorter, plus a drafter's
+        lookahead), so RandKV never preempts for growth it can foresee; "vllm" admits as
+        vLLM does (on what a request needs now) and preempts when the pool runs out, which
+        packs more requests that stop early at the price of replays.
 
     A request's own budget is `for_request(prompt_length, requested)`: the config every spec
     function applies to that request.
@@ -60,8 +70,14 @@ class RandKVConfig:
     seed: int = 0
     min_generated: int | None = None
     max_request_budget: int | None = None
+    admission: str = "footprint"
 
     def __post_init__(self) -> None:
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(
+                f"RandKVConfig: admission must be one of {', '.join(ADMISSION_MODES)}, got "
+                f"{self.admission!r}"
+            )
         _check_int("budget", self.budget, 1, MAX_PHYSICAL_LENGTH)
         _check_int("buffer_size", self.buffer_size, 1, MAX_PHYSICAL_LENGTH)
         _check_int("seed", self.seed, 0, MAX_SEED)

@@ -40,7 +40,7 @@ def register() -> None:
     create = getattr(EngineArgs, "create_engine_config", None)
     if create is None or getattr(create, "__randkv_wrapped__", False):
         return
-    EngineArgs.create_engine_config = _with_randkv(create)
+    setattr(EngineArgs, "create_engine_config", _with_randkv(create))  # noqa: B010
 
 
 def _with_randkv(create: Any) -> Any:

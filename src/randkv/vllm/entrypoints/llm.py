@@ -86,7 +86,8 @@ class LLM(vllm.LLM):
         call_utility = getattr(client, "call_utility", None)
         if call_utility is not None:  # the engine core runs in its own process
             return dict(call_utility(COUNTERS_UTILITY))
-        return dict(getattr(client.engine_core, COUNTERS_UTILITY)())
+        in_process = getattr(client, "engine_core")  # noqa: B009 - InprocClient's EngineCore
+        return dict(getattr(in_process, COUNTERS_UTILITY)())
 
     def randkv_request_stats(self, request_id: str, sample: int | None = None) -> RequestRecord:
         """Stats of the request whose RequestOutput.request_id is `request_id` (and, for

@@ -45,16 +45,30 @@ class Touch:
     either: tuple[Touch, ...] = ()
 
 
-def attrs(target: str, *names: str, **scope: str) -> Touch:
-    return Touch("attributes", target, names, **scope)
+def attrs(
+    target: str,
+    *names: str,
+    runner: str | None = None,
+    platform: str | None = None,
+    why: str = "",
+) -> Touch:
+    return Touch("attributes", target, names, runner=runner, platform=platform, why=why)
 
 
-def call(target: str, *keywords: str, positional: int = 0, **scope: str) -> Touch:
-    return Touch("call", target, keywords, positional=positional, **scope)
+def call(
+    target: str,
+    *keywords: str,
+    positional: int = 0,
+    runner: str | None = None,
+    platform: str | None = None,
+) -> Touch:
+    return Touch("call", target, keywords, positional, runner=runner, platform=platform)
 
 
-def either(why: str, *options: Touch, **scope: str) -> Touch:
-    return Touch("either", "", (), why=why, either=options, **scope)
+def either(
+    why: str, *options: Touch, runner: str | None = None, platform: str | None = None
+) -> Touch:
+    return Touch("either", "", (), why=why, either=options, runner=runner, platform=platform)
 
 
 SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
@@ -65,6 +79,7 @@ V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
 V1_BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
 
 TOUCHPOINTS: tuple[Touch, ...] = (
     # ------------------------------------------------------------------ scheduler side
@@ -365,8 +380,84 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         attrs("vllm.entrypoints.launchers.app", "init_entrypoints_middleware"),
         attrs("vllm.entrypoints.openai.api_server", "build_app"),
     ),
+    # ------------------------------------------------------------------ speculative decoding
+    attrs(SCHED, "num_spec_tokens", "num_lookahead_tokens"),
+    attrs("vllm.v1.request:Request", "spec_token_ids", "num_output_placeholders", "max_tokens"),
+    attrs("vllm.config:VllmConfig", "num_lookahead_tokens"),
+    attrs("vllm.config:SpeculativeConfig", "method", "num_speculative_tokens"),
+    attrs("vllm.config:ModelConfig", "get_total_num_hidden_layers"),
+    Touch(
+        "fields",
+        "vllm.v1.core.sched.output:SchedulerOutput",
+        ("scheduled_spec_decode_tokens",),
+        why="the speculative tests read which drafts a step verified",
+    ),
+    # V1 drafters that write KV (randkv.vllm.worker.drafters): draft steps and a draft
+    # model's first pass, recomputed at physical slots.
+    Touch(
+        "parameters",
+        f"{V1_PROPOSER}._update_positions_dependent_metadata",
+        ("positions", "common_attn_metadata", "batch_size", "input_batch_size", "block_size"),
+        runner="v1",
+    ),
+    Touch(
+        "parameters",
+        f"{V1_PROPOSER}.set_inputs_first_pass",
+        (
+            "target_token_ids",
+            "next_token_ids",
+            "target_positions",
+            "target_hidden_states",
+            "token_indices_to_sample",
+            "cad",
+            "num_rejected_tokens_gpu",
+        ),
+        runner="v1",
+    ),  # fmt: skip
+    attrs(
+        V1_PROPOSER,
+        "_slot_mapping_buffer",
+        "positions",
+        "is_rejected_token_mask",
+        "needs_extra_input_slots",
+        "net_num_new_slots_per_request",
+        "block_size",
+        "max_model_len",
+        runner="v1",
+    ),
+    attrs(V1_RUNNER, "drafter", runner="v1"),
+    call(
+        "vllm.v1.spec_decode.utils:compute_new_slot_mapping",
+        "cad",
+        "new_positions",
+        "is_rejected_token_mask",
+        "block_size",
+        "num_new_tokens",
+        "max_model_len",
+        runner="v1",
+    ),  # fmt: skip
+    attrs("vllm.v1.spec_decode.utils", "PADDING_SLOT_ID", runner="v1"),
+    Touch(
+        "fields",
+        "vllm.v1.attention.backend:CommonAttentionMetadata",
+        ("slot_mapping", "block_table_tensor"),
+        runner="v1",
+    ),
+    # The V2 speculator: physical lengths and slot tables during its propose.
+    attrs(V2_RUNNER, "speculator", runner="v2"),
+    attrs(
+        "vllm.v1.worker.gpu.spec_decode.speculator:DraftModelSpeculator",
+        "block_tables",
+        "propose",
+        runner="v2",
+    ),
     # ------------------------------------------------------------------ offline LLM
     attrs("vllm:LLM", "llm_engine", "collective_rpc"),
+    # LLM.randkv_stats reads the scheduler's counters through vLLM's engine-core utility
+    # channel (the scheduler adds the method to EngineCore; the client calls it by name).
+    attrs("vllm.v1.engine.core:EngineCore", "scheduler"),
+    call("vllm.v1.engine.core_client:SyncMPClient.call_utility", positional=1),
+    attrs("vllm.v1.engine.core_client:InprocClient", "engine_core"),
     attrs("vllm.v1.engine.llm_engine:LLMEngine", "add_request", "output_processor"),
     attrs("vllm.v1.engine.output_processor:OutputProcessor", "request_states"),
 )

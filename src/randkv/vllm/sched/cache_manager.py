@@ -29,11 +29,14 @@ if TYPE_CHECKING:
 @dataclass
 class RequestRounds:
     """Scheduler-side RandKV state of one request; `config` is the request's own
-    (`RandKVConfig.for_request`: its budget K, raised for a long prompt or asked for)."""
+    (`RandKVConfig.for_request`: its budget K, raised for a long prompt or asked for);
+    `footprint_blocks` the most full-attention blocks it can ever hold
+    (`allocation.footprint_blocks`)."""
 
     request_key: int
     prompt_length: int
     config: RandKVConfig
+    footprint_blocks: int
     rounds_applied: int = 0
 
 
@@ -118,7 +121,21 @@ class RandKVCacheManager(KVCacheManager):
         )
         free = self.block_pool.get_num_free_blocks() + step.freed_blocks
         free -= idle_hits + reserved_blocks
-        if full_sequence_must_fit:
+        admitting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        if admitting and self.randkv.admission == "footprint":
+            # Admit only what the pool holds with every admitted request at its largest
+            # footprint: no preemption for growth RandKV can foresee. (With nothing else
+            # admitted, the request runs whatever its footprint: the pool is all its own.)
+            growth = self._randkv_reserved_growth(request.request_id)
+            if growth is not None:
+                windows = self.randkv_window_blocks_to_allocate(
+                    request, computed, request.num_tokens + num_lookahead_tokens, hits,
+                    admission=True,
+                )  # fmt: skip
+                need = state.footprint_blocks - step.keep_blocks + windows + growth
+                if need + watermark > free:
+                    return None
+        elif full_sequence_must_fit:
             # Admission: the longest this request can get is K + 2r - 1 tokens of blocks
             # (and what vLLM's window managers say the window groups can hold at most).
             peak = peak_blocks(
@@ -177,6 +194,19 @@ class RandKVCacheManager(KVCacheManager):
             del request_blocks[keep_blocks:]
             self.block_pool.free_blocks(reversed(tail))
             self.metrics.add("blocks_freed", len(tail))
+
+    def _randkv_reserved_growth(self, admitting: str) -> int | None:
+        """Blocks the admitted requests (those holding full-attention blocks, other than
+        `admitting`) may still take before they reach their footprints; None when none is
+        admitted."""
+        growth, admitted = 0, False
+        for request_id, blocks in self.full_manager.req_to_blocks.items():
+            state = self.rounds.get(request_id)
+            if request_id == admitting or state is None or not blocks:
+                continue
+            admitted = True
+            growth += max(0, state.footprint_blocks - len(blocks))
+        return growth if admitted else None
 
     def randkv_window_blocks_to_allocate(
         self,

@@ -22,7 +22,7 @@ from randkv.vllm.class_swap import swap_class
 from randkv.vllm.metrics import RandKVRecorder, Source
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import check_engine_supported
-from randkv.vllm.sched.allocation import tokens_to_next_round
+from randkv.vllm.sched.allocation import footprint_blocks, tokens_to_next_round
 from randkv.vllm.sched.cache_manager import RandKVCacheManager, RequestRounds
 from randkv.vllm.sched.kv_groups import kv_group_layout
 from randkv.vllm.sched.output import RandKVSchedulerOutput, RandKVStepPlan, with_plan
@@ -108,7 +108,14 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         except (TypeError, ValueError) as error:  # a malformed randkv_* request field
             self._randkv_reject(request, str(error))
         else:
-            self.request_rounds[request.request_id] = RequestRounds(key, prompt, config)
+            footprint = footprint_blocks(
+                config,
+                prompt_length=prompt,
+                max_tokens=request.max_tokens,
+                block_size=self.kv_cache_manager.block_size,
+                lookahead=self.num_lookahead_tokens,
+            )
+            self.request_rounds[request.request_id] = RequestRounds(key, prompt, config, footprint)
             if prompt > self.randkv.budget:
                 self.metrics.add("long_prompts", 1)
         super().add_request(request)

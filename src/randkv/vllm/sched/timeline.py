@@ -26,6 +26,9 @@ class TimelineMixin:
     a first line `# scheduling async|sync` (the mode vLLM runs this scheduler in)."""
 
     _timeline: TextIO | None
+    # vLLM's scheduler state the record reads (declared for the type checker).
+    kv_cache_manager: Any
+    running: list[Any]
 
     def _open_timeline(self) -> None:
         path = os.environ.get(TIMELINE_ENV)
@@ -35,7 +38,7 @@ class TimelineMixin:
             self._timeline.write(f"# scheduling {mode}\n")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        output = super().schedule(*args, **kwargs)
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]  # vLLM's Scheduler
         if self._timeline is not None:
             pool = self.kv_cache_manager.block_pool
             used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # minus the null block

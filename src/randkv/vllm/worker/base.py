@@ -21,7 +21,6 @@ from randkv.vllm.worker.runner_class import adopt_model_runner
 
 if TYPE_CHECKING:
     from randkv.spec.config import RandKVConfig
-    from randkv.vllm.worker.runner import RandKVRunnerMixin
 
 
 class RandKVWorkerMixin:
@@ -32,7 +31,7 @@ class RandKVWorkerMixin:
     randkv_config: RandKVConfig
     # vLLM's worker attributes RandKV reads (declared for the type checker).
     vllm_config: Any
-    model_runner: RandKVRunnerMixin
+    model_runner: Any  # vLLM's runner, with RandKVRunnerMixin's methods after init_device
 
     def init_device(self) -> None:
         super().init_device()  # type: ignore[misc]

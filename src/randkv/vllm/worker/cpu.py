@@ -52,8 +52,9 @@ def cpu_kv_layout(isas: dict[str, str | None]) -> KVLayout:
     if not found <= VEC_ISAS:
         raise UnsupportedModeError(
             f"RandKV supports vLLM's CPU attention kernels 'vec'/'vec16'; this engine uses "
-            f"{sorted(found)} (AMX/NEON pack KV differently). Use dtype float32 or "
-            "float16 (on vLLM 0.28, a bfloat16 engine on an AMX machine also avoids AMX "
-            "with a block_size that is not a multiple of 32; vLLM 0.32 takes only those)."
+            f"{sorted(isa for isa in found if isa)} (AMX/NEON pack KV differently). Use "
+            "dtype float32 or float16 (on vLLM 0.28, a bfloat16 engine on an AMX machine "
+            "also avoids AMX with a block_size that is not a multiple of 32; vLLM 0.32 takes "
+            "only those)."
         )
     return KVLayout.VLLM_CPU_VEC

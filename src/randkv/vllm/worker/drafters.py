@@ -118,10 +118,16 @@ class V1DrafterMixin:
         return num_tokens, to_sample, new_cad
 
 
-@functools.cache
+_DRAFTER_CLASSES: dict[type, type] = {}
+
+
 def _drafter_class(vllm_class: type) -> type:
-    namespace = {"__module__": __name__}
-    return type(f"RandKV{vllm_class.__name__}", (V1DrafterMixin, vllm_class), namespace)
+    subclass = _DRAFTER_CLASSES.get(vllm_class)
+    if subclass is None:
+        namespace = {"__module__": __name__}
+        subclass = type(f"RandKV{vllm_class.__name__}", (V1DrafterMixin, vllm_class), namespace)
+        _DRAFTER_CLASSES[vllm_class] = subclass
+    return subclass
 
 
 def adopt_v1_drafter(drafter: Any, state: RandKVWorkerState, group: int) -> bool:
@@ -131,7 +137,7 @@ def adopt_v1_drafter(drafter: Any, state: RandKVWorkerState, group: int) -> bool
         return False
     if getattr(drafter, "kv_cache_gid", group) != group:
         return False
-    vllm_class = type(drafter)
+    vllm_class: type = type(drafter)
     if not issubclass(vllm_class, V1DrafterMixin):
         swap_class(drafter, vllm_class, _drafter_class(vllm_class))
     drafter.randkv_state = state
@@ -218,16 +224,22 @@ def _physical_propose(vllm_propose: Any) -> Any:
     return propose
 
 
-@functools.cache
+_SPECULATOR_CLASSES: dict[type, type] = {}
+
+
 def _speculator_class(vllm_class: type) -> type:
     """A subclass of vLLM's speculator class with `_physical_propose` (vLLM's class is the
     only base: its instances' layout must not change for the class swap)."""
-    namespace = {
-        "__module__": __name__,
-        "propose": _physical_propose(vllm_class.propose),
-        "randkv_speculator": True,
-    }
-    return type(f"RandKV{vllm_class.__name__}", (vllm_class,), namespace)
+    subclass = _SPECULATOR_CLASSES.get(vllm_class)
+    if subclass is None:
+        namespace = {
+            "__module__": __name__,
+            "propose": _physical_propose(getattr(vllm_class, "propose")),  # noqa: B009
+            "randkv_speculator": True,
+        }
+        subclass = type(f"RandKV{vllm_class.__name__}", (vllm_class,), namespace)
+        _SPECULATOR_CLASSES[vllm_class] = subclass
+    return subclass
 
 
 def adopt_v2_speculator(speculator: Any, runner: Any) -> bool:
@@ -235,7 +247,7 @@ def adopt_v2_speculator(speculator: Any, runner: Any) -> bool:
     one without a KV cache: ngram and the like)."""
     if speculator is None or getattr(speculator, "block_tables", None) is None:
         return False
-    vllm_class = type(speculator)
+    vllm_class: type = type(speculator)
     if not getattr(vllm_class, "randkv_speculator", False):
         swap_class(speculator, vllm_class, _speculator_class(vllm_class))
     speculator.randkv_runner = runner

@@ -32,6 +32,8 @@ class GPURunnerMixin:
     """The GPU's additions to RandKV's runner (either runner kind): the Triton compactor,
     and every Triton variant compiled at start-up."""
 
+    kv_caches: list[Any]  # vLLM's runner's
+
     def randkv_setup(self, config: Any, layout: KVLayout) -> None:
         super().randkv_setup(config, layout)  # type: ignore[misc]
         # Runs in initialize_from_config, before the engine reports ready: the Triton

@@ -60,9 +60,10 @@ def adopt_model_runner(runner: Any, platform_mixins: tuple[type, ...] = ()) -> s
     """Give a runner vLLM built RandKV's methods; returns its kind ("v1" or "v2")."""
     from randkv.vllm.release.compat.runner import check_runner_supported
 
-    vllm_cls = type(runner)
-    if getattr(vllm_cls, "randkv_runner_kind", None):  # already adopted (worker re-init)
-        return vllm_cls.randkv_runner_kind
+    vllm_cls: type = type(runner)
+    adopted = getattr(vllm_cls, "randkv_runner_kind", None)
+    if adopted:  # already adopted (worker re-init)
+        return str(adopted)
     kind = runner_kind(vllm_cls)
     if kind is None:
         raise UnsupportedModeError(_unknown(vllm_cls))

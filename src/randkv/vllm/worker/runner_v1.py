@@ -59,7 +59,9 @@ class V1RunnerMixin(RandKVRunnerMixin):
                 table.num_blocks_per_row[index] = directive.keep_blocks
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: Any) -> Any:
-        result = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        result = super()._prepare_inputs(  # type: ignore[misc]  # vLLM's runner
+            scheduler_output, num_scheduled_tokens
+        )
         self.randkv.window_lengths.clear()
         self.randkv.step_evicted = None
         self.randkv_physical_inputs(scheduler_output)

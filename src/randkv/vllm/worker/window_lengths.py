@@ -39,7 +39,7 @@ class WindowLengths:
 
     def restore(self, metadata: Any) -> Any:
         """`metadata` (shared by every group) with absolute lengths, as a shallow copy."""
-        if self.seq_lens is None:
+        if self.seq_lens is None or self.host is None:
             return metadata
         rows = metadata.seq_lens.shape[0]
         restored = copy.copy(metadata)
@@ -54,7 +54,7 @@ class WindowLengths:
 _BUILDER_CLASSES: dict[type, type] = {}
 
 
-def _absolute_lengths_class(vllm_class: type) -> type:
+def _absolute_lengths_class(vllm_class: Any) -> type:
     """A subclass of vLLM's builder class whose `build` restores the absolute lengths.
     (vLLM's class comes first among the bases: Python refuses the class swap otherwise.)"""
 

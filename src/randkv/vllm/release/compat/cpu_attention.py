@@ -37,4 +37,4 @@ def cpu_block_size() -> int:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     sizes = CPUAttentionBackend.get_supported_kernel_block_sizes()
-    return min(getattr(size, "base", size) for size in sizes)
+    return min(int(size) if isinstance(size, int) else int(size.base) for size in sizes)

@@ -6,14 +6,16 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 
 def find_cli_env_setup() -> Callable[[], None]:
     """vLLM's `cli_env_setup` (`vllm.entrypoints.common.startup` from 0.34,
     `vllm.entrypoints.serve.utils.api_utils` before)."""
     try:
-        from vllm.entrypoints.common.startup import cli_env_setup as setup
+        from vllm.entrypoints.common.startup import (  # type: ignore[import-not-found]
+            cli_env_setup as setup,  # vLLM 0.34; the installed release may predate it
+        )
     except ImportError:
         from vllm.entrypoints.serve.utils.api_utils import cli_env_setup as setup
     return setup
@@ -28,14 +30,15 @@ def add_app_middleware(middleware: type, **options: Any) -> None:
     that module, which is also `__main__` under `python -m vllm.entrypoints.openai.api_server`.
     The wrap adds RandKV's after vLLM's (idempotent).
     """
+    module: Any
     try:
-        import vllm.entrypoints.launchers.app as module
+        import vllm.entrypoints.launchers.app as launcher_app
 
-        name, returns_app = "init_entrypoints_middleware", False
+        module, name, returns_app = launcher_app, "init_entrypoints_middleware", False
     except ImportError:
-        import vllm.entrypoints.openai.api_server as module
+        import vllm.entrypoints.openai.api_server as api_server
 
-        name, returns_app = "build_app", True
+        module, name, returns_app = api_server, "build_app", True
     main = sys.modules.get("__main__")
     same_module_as_main = getattr(getattr(main, "__spec__", None), "name", None) == module.__name__
     for target in [module, main] if same_module_as_main else [module]:
@@ -72,5 +75,5 @@ def _add_outermost(app: Any, middleware: type, options: dict[str, Any]) -> None:
         return
     from starlette.middleware import Middleware
 
-    app.user_middleware.insert(0, Middleware(middleware, **options))
+    app.user_middleware.insert(0, Middleware(cast(Any, middleware), **options))
     app.middleware_stack = app.build_middleware_stack()
