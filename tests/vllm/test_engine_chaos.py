@@ -45,10 +45,14 @@ from randkv.spec import num_rounds, physical_length, slot_positions  # noqa: E40
 
 pytestmark = [pytest.mark.engine, pytest.mark.vllm, pytest.mark.v2]
 
-CONFIG = RandKVConfig(budget=96, buffer_size=16, seed=11)  # K + 2r = 128 tokens = 4 blocks
+# admission="vllm": vLLM admits on what requests need now and preempts under load, so
+# replays happen (RandKV's default admission reserves every footprint and never preempts).
+CONFIG = RandKVConfig(budget=96, buffer_size=16, seed=11, admission="vllm")  # K + 2r = 4 blocks
 # Long prompts served (a prompt over K keeps G = 32 generated tokens), and requests that ask
 # for their own budget up to 128.
-LONG = RandKVConfig(budget=96, buffer_size=16, seed=11, min_generated=32, max_request_budget=128)
+LONG = RandKVConfig(
+    budget=96, buffer_size=16, seed=11, min_generated=32, max_request_budget=128, admission="vllm"
+)
 BLOCK = 32  # vLLM 0.32's CPU attention takes multiples of 32 only
 POOL_BLOCKS = 24  # 23 usable: 8 running requests at K + 2r would need 32
 MAX_SEQS = 8

@@ -97,7 +97,8 @@ def test_plain_vllm_runs_the_mixed_model_like_transformers(folder, prompts) -> N
 # ---------------------------------------------------------------------------- RandKV
 
 SHORT_WINDOW = 64
-CONFIG = RandKVConfig(budget=128, buffer_size=16, seed=5)
+# vLLM's admission: requests are preempted and replay (RandKV's default would not preempt).
+CONFIG = RandKVConfig(budget=128, buffer_size=16, seed=5, admission="vllm")
 NEW_TOKENS = 200
 KEYS = ("gemma-lighthouse", "gemma-orchard")
 QUESTIONS = (

@@ -5,6 +5,8 @@ them, refusals. Milliseconds per step: these fail long before an engine test wou
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from scheduler_harness import TOKEN, make_harness
 
@@ -177,3 +179,47 @@ def test_prefix_caching_shares_whole_prompt_blocks_only(model):
         assert cold.num_computed_tokens == 0
         assert harness.free_blocks() == 60 - 1
     assert hits == {"randkv": 32, "plain": 48}
+
+
+def _run_counting(harness) -> tuple[int, int]:
+    """Run to the end; (the most requests running at once, preemptions)."""
+    most = 0
+    while harness.scheduler.has_requests():
+        harness.step()
+        most = max(most, len(harness.scheduler.running))
+    return most, harness.scheduler.counters["preemptions"]
+
+
+def test_admission_at_the_footprint_never_preempts_for_foreseeable_growth(model):
+    """The issue's workload, shortened: 32 requests into 64 usable blocks of 32 tokens, K=64,
+    r=16: each request's footprint is the 3 blocks of K + 2r = 96 tokens, so 21 run at once
+    and none is preempted; vLLM's admission runs them all, then preempts."""
+    config = RandKVConfig(budget=64, buffer_size=16)
+    runs = {}
+    for admission in ("footprint", "vllm"):
+        harness = make_harness(
+            model,
+            dataclasses.replace(config, admission=admission),
+            num_blocks=65,
+            block_size=32,
+            max_num_seqs=64,
+            max_num_batched_tokens=2048,
+        )
+        for index in range(32):
+            harness.add(32, 200, prompt_start=1000 + 50 * index)
+        runs[admission] = _run_counting(harness)
+        assert harness.free_blocks() == 64 and len(harness.finished) == 32
+    assert runs["footprint"] == (64 // 3, 0)
+    most, preemptions = runs["vllm"]
+    assert most == 32 and preemptions > 0
+
+
+def test_a_request_that_ends_before_k_plus_2r_reserves_only_its_length(model):
+    """max_tokens 20 on 32-token prompts: 52 tokens, 2 blocks of 32 each, so 32 fit."""
+    harness = make_harness(
+        model, RandKVConfig(budget=64, buffer_size=16), num_blocks=65, block_size=32,
+        max_num_seqs=64, max_num_batched_tokens=2048,
+    )  # fmt: skip
+    for index in range(40):
+        harness.add(32, 20, prompt_start=1000 + 50 * index)
+    assert _run_counting(harness) == (32, 0)
