@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from randkv.bench.workload import PROMPT_KINDS
+from randkv.spec.config import ADMISSION_MODES
 
 if TYPE_CHECKING:
     from randkv.bench.records import Json
@@ -65,7 +66,12 @@ def _bench_serve_settings(args: argparse.Namespace) -> ServeBench:
             prompts=args.prompts,
             repetition_penalty=args.repetition_penalty,
         ),
-        randkv=RandKVConfig(budget=args.budget, buffer_size=args.buffer, seed=args.randkv_seed),
+        randkv=RandKVConfig(
+            budget=args.budget,
+            buffer_size=args.buffer,
+            seed=args.randkv_seed,
+            admission=args.admission,
+        ),
         pool_blocks=args.pool_blocks,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
@@ -74,6 +80,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> ServeBench:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling,
+        speculative_config=args.speculative_config,
         results_dir=Path(args.results),
         repeats=args.repeats,
         ample_pool_blocks=getattr(args, "ample_pool_blocks", None),
@@ -135,6 +142,21 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
     parser.add_argument("--budget", type=int, default=values["budget"], help="RandKV K")
     parser.add_argument("--buffer", type=int, default=values["buffer"], help="RandKV r")
     parser.add_argument("--randkv-seed", type=int, default=0)
+    parser.add_argument(
+        "--admission",
+        choices=ADMISSION_MODES,
+        default="footprint",
+        help="RandKV's admission (footprint: reserve every request's largest footprint, "
+        "never preempt for foreseeable growth; vllm: vLLM's, on what requests need now)",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s speculative config, both arms alike (e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 3, "prompt_lookup_max": 3}\'); reports drafted and '
+        "accepted tokens per arm",
+    )
     parser.add_argument(
         "--pool-blocks",
         type=int,

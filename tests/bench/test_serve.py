@@ -215,6 +215,43 @@ def test_repeat_result_keeps_every_run_and_follows_the_schema():
         from_json(ServeResult, broken)
 
 
+def test_speculation_reaches_both_arms_and_the_table():
+    """--speculative-config goes to both arms' servers; each arm reports its drafted and
+    accepted tokens (and RandKV's cuts at rounds) from the server's counters."""
+    from randkv.bench.serve import _speculation
+    from randkv.bench.server import serve_argv
+    from randkv.cli import _bench_serve_settings, build_parser
+
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    options = ["bench", "serve", "--speculative-config", spec, "--admission", "vllm"]
+    bench = _bench_serve_settings(build_parser().parse_args(options))
+    assert bench.randkv.admission == "vllm"
+    for randkv in (None, bench.randkv):
+        argv = serve_argv("m", randkv, bench.engine_args(), 1)
+        assert f"--speculative-config={spec}" in argv
+    assert "--randkv-admission=vllm" in serve_argv("m", bench.randkv, bench.engine_args(), 1)
+    counters = {
+        "vllm:spec_decode_num_draft_tokens_total": 300.0,
+        "vllm:spec_decode_num_accepted_tokens_total": 120.0,
+        "randkv:draft_steps_shortened_total": 7.0,
+        "randkv:draft_tokens_dropped_total": 12.0,
+    }
+    speculation = _speculation(lambda name: counters.get(name, 0.0))
+    assert (speculation.drafted, speculation.accepted) == (300, 120)
+    assert speculation.acceptance_rate == pytest.approx(0.4)
+    assert (speculation.steps_shortened, speculation.drafts_dropped) == (7, 12)
+    runs = _fake_runs(PLAIN[:1], OURS[:1])
+    plain_spec = dataclasses.replace(speculation, accepted=150, acceptance_rate=0.5)
+    runs = {
+        "plain": [dataclasses.replace(runs["plain"][0], speculation=plain_spec)],
+        "randkv": [dataclasses.replace(runs["randkv"][0], speculation=speculation)],
+    }
+    result = assemble(ServeBench(speculative_config=spec), "tiny", runs)
+    assert load(json.loads(json.dumps(to_json(result)))) == result
+    table = format_table(result)
+    assert "150/300" in table and "120/300" in table and "0.80x" in table
+
+
 def test_the_ample_arm_follows_each_pair_and_reports_shares_of_its_throughput():
     assert abba_order(2, ample=True) == [
         (0, "plain"), (0, "randkv"), (0, "ample"), (1, "randkv"), (1, "plain"), (1, "ample"),

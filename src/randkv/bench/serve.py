@@ -51,6 +51,7 @@ from randkv.bench.serve_result import (
     Run,
     Scheduling,
     ServeResult,
+    Speculation,
     Spread,
     SummaryGroup,
     Targets,
@@ -119,6 +120,8 @@ class ServeBench:
     gpu_memory_utilization: float | None = None  # CPU backend: the share of host memory
     enforce_eager: bool | None = None
     async_scheduling: bool | None = None  # None: vLLM's choice, the same for both arms
+    # vLLM's speculative config as JSON (`--speculative-config`), passed to both arms.
+    speculative_config: str | None = None
     results_dir: Path = Path("results/bench-serve")
     repeats: int = 1  # runs of each arm, in ABBA order
     # A third arm, plain vLLM with this many blocks (None: two arms only).
@@ -159,6 +162,7 @@ class ServeBench:
             "max_num_seqs": self.max_num_seqs,
             "enforce_eager": self.enforce_eager,
             "async_scheduling": self.async_scheduling,
+            "speculative_config": self.speculative_config,
             "seed": 0,
         }
 
@@ -221,6 +225,19 @@ def _timeline(
     )
 
 
+def _speculation(delta: Callable[[str], float]) -> Speculation:
+    drafted = int(delta("vllm:spec_decode_num_draft_tokens_total"))
+    accepted = int(delta("vllm:spec_decode_num_accepted_tokens_total"))
+    return Speculation(
+        drafted=drafted,
+        accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        steps_shortened=int(delta("randkv:draft_steps_shortened_total")),
+        drafts_dropped=int(delta("randkv:draft_tokens_dropped_total")),
+        round_waits=int(delta("randkv:round_waits_total")),
+    )
+
+
 def _summarize(
     randkv: RandKVConfig | None,
     traces: list[RequestTrace],
@@ -228,6 +245,7 @@ def _summarize(
     makespan: float,
     before: dict[str, float],
     after: dict[str, float],
+    speculative: bool = False,
 ) -> Arm:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -263,6 +281,7 @@ def _summarize(
         itl_s=_percentiles([t.itl for t in done if t.itl is not None]),
         eviction=eviction,
         timeline=timeline,
+        speculation=_speculation(delta) if speculative else None,
     )
 
 
@@ -305,7 +324,8 @@ def run_arm(
             )
         after = _wait_idle(server)
     timeline = _timeline(read_timeline(timeline_file), start_unix, makespan)
-    summary = _summarize(randkv, traces, timeline, makespan, before, after)
+    speculative = bench.speculative_config is not None
+    summary = _summarize(randkv, traces, timeline, makespan, before, after, speculative)
     outputs = None
     if keep_outputs:
         outputs = [RequestOutput(index=t.index, token_ids=t.token_ids, text=t.text) for t in traces]
@@ -456,6 +476,7 @@ def assemble(
             max_model_len=bench.model_len(),
             dtype=bench.resolved_dtype,
             async_scheduling=bench.async_scheduling,  # as asked; None: vLLM's choice
+            speculative_config=bench.speculative_config,
         ),
         workload=bench.workload,
         repeats=repeats,
@@ -558,6 +579,15 @@ def format_table(result: ServeResult, *, with_target: bool = True) -> str:
             b = getattr(ours_percentiles, pct) * 1e3
             ratio = f"{b / a:.2f}x" if a else "-"
             lines.append(f"{f'{label} {pct} (ms)':24s}{a:>14.1f}{b:>16.1f}{ratio:>9s}")
+    if plain.speculation is not None and ours.speculation is not None:
+        theirs, mine = plain.speculation, ours.speculation
+        rates = theirs.acceptance_rate, mine.acceptance_rate
+        ratio = f"{rates[1] / rates[0]:.2f}x" if rates[0] else "-"
+        lines.append(
+            f"{'drafts accepted':24s}{f'{theirs.accepted}/{theirs.drafted}':>14s}"
+            f"{f'{mine.accepted}/{mine.drafted}':>16s}{'':>9s}"
+        )
+        lines.append(f"{'acceptance rate':24s}{rates[0]:>14.2f}{rates[1]:>16.2f}{ratio:>9s}")
     eviction = ours.eviction
     if eviction is None:
         raise ValueError("the RandKV arm has no eviction record")

@@ -66,6 +66,20 @@ class Eviction:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Speculation:
+    """Speculative decoding during an arm's run (both arms run the same configuration),
+    from the server's counters: vLLM's draft tokens and accepted ones, and RandKV's cuts
+    at round boundaries (0 for plain vLLM)."""
+
+    drafted: Count
+    accepted: Count
+    acceptance_rate: Share  # accepted / drafted (0 when nothing was drafted)
+    steps_shortened: Count = 0  # speculative steps cut so they end at a round
+    drafts_dropped: Count = 0  # draft tokens those cuts dropped
+    round_waits: Count = 0  # steps a round waited for verification (async scheduling)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RequestOutput:
     """What one request generated, as streamed (`keep_outputs`)."""
 
@@ -106,6 +120,8 @@ class Arm:
     eviction: Eviction | None  # None: plain vLLM
     timeline: Timeline
     scheduling: Scheduling | None = None  # as vLLM ran the arm (older files lack it)
+    # With --speculative-config: drafted, accepted and RandKV's cuts (older files lack it).
+    speculation: Speculation | None = field(default=None, metadata=OMITTED_WHEN_NONE)
     # `keep_outputs`: what each request generated, in request order.
     outputs: list[RequestOutput] | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
@@ -229,6 +245,8 @@ class Engine:
     max_model_len: Count
     dtype: str
     async_scheduling: bool | None = None  # as asked; None: vLLM's choice
+    # vLLM's speculative config as JSON, both arms alike (None: no speculation).
+    speculative_config: str | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,7 @@ def serve_argv(
             argv.append(f"--randkv-min-generated={randkv.min_generated}")
         if randkv.max_request_budget is not None:
             argv.append(f"--randkv-max-request-budget={randkv.max_request_budget}")
+        argv.append(f"--randkv-admission={randkv.admission}")
     argv += ["--host=127.0.0.1", f"--port={port}", f"--served-model-name={SERVED_MODEL_NAME}"]
     for name, value in engine_args.items():
         flag = "--" + name.replace("_", "-")

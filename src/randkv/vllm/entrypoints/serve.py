@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from randkv.spec.config import RandKVConfig
+from randkv.spec.config import ADMISSION_MODES, RandKVConfig
 
 
 def randkv_option_parser() -> argparse.ArgumentParser:
@@ -55,6 +55,13 @@ def randkv_option_parser() -> argparse.ArgumentParser:
         metavar="K_MAX",
         help="the largest budget a request may ask for with vllm_xargs randkv_budget (default: K)",
     )
+    group.add_argument(
+        "--randkv-admission",
+        choices=ADMISSION_MODES,
+        help="footprint (default): admit only what fits with every admitted request at its "
+        "largest footprint, never preempting for foreseeable growth; vllm: vLLM's admission "
+        "(on what a request needs now; preempts when the pool runs out)",
+    )
     return parser
 
 
@@ -66,6 +73,7 @@ def config_from_options(options: argparse.Namespace) -> RandKVConfig | None:
         "seed": options.randkv_seed,
         "min_generated": options.randkv_min_generated,
         "max_request_budget": options.randkv_max_request_budget,
+        "admission": options.randkv_admission,
     }
     tuned = {key: value for key, value in tuned.items() if value is not None}
     if options.no_randkv:
