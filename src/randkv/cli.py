@@ -65,6 +65,7 @@ def _bench_serve_settings(args: argparse.Namespace) -> ServeBench:
             seed=args.seed,
             prompts=args.prompts,
             repetition_penalty=args.repetition_penalty,
+            answers_end=args.answers_end,
         ),
         randkv=RandKVConfig(
             budget=args.budget,
@@ -138,6 +139,12 @@ def _add_serve_bench_args(parser: argparse.ArgumentParser, **defaults: Any) -> N
         default=1.0,
         help="vLLM's repetition penalty, both arms (1.0: off; greedy answers of small models "
         "loop without one)",
+    )
+    parser.add_argument(
+        "--answers-end",
+        action="store_true",
+        help="chat answers end where the model ends them (--output-tokens is then only each "
+        "request's max_tokens): a workload whose requests stop early",
     )
     parser.add_argument("--budget", type=int, default=values["budget"], help="RandKV K")
     parser.add_argument("--buffer", type=int, default=values["buffer"], help="RandKV r")

@@ -10,8 +10,10 @@ Two kinds of prompt, both real text in the model's own tokenizer:
 
 Every request is decoded greedily and generates exactly its `max_tokens`. A chat answer may
 not end its turn before that (its end-of-turn token is masked), so it goes on as an answer;
-word prompts ignore EOS. `repetition_penalty` > 1 (the same for both arms) keeps a small
-model's greedy answer from looping over one sentence.
+word prompts ignore EOS. With `answers_end`, chat answers end where the model ends them:
+`max_tokens` is then only an upper bound (requests that stop early). `repetition_penalty`
+> 1 (the same for both arms) keeps a small model's greedy answer from looping over one
+sentence.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class WorkloadSpec:
     seed: int = 0
     prompts: str = "words"  # one of PROMPT_KINDS
     repetition_penalty: float = 1.0  # vLLM's; 1.0 is off
+    answers_end: bool = False  # chat answers may end before max_tokens (an upper bound)
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens", "output_tokens"):
@@ -84,6 +87,8 @@ class WorkloadSpec:
             raise ValueError("WorkloadSpec.requests must be at least 1")
         if self.prompts not in PROMPT_KINDS:
             raise ValueError(f"WorkloadSpec.prompts must be one of {PROMPT_KINDS}")
+        if self.answers_end and self.prompts != "chat":
+            raise ValueError("WorkloadSpec.answers_end needs chat prompts (words ignore EOS)")
         if not self.repetition_penalty > 0:
             raise ValueError("WorkloadSpec.repetition_penalty must be positive")
 
@@ -95,13 +100,14 @@ class BenchRequest:
     max_tokens: int
     question: str | None = None  # a chat request's user message
     repetition_penalty: float = 1.0
+    may_end: bool = False  # the answer may end before max_tokens
 
     def sampling_fields(self) -> dict[str, int | float | bool]:
         """The completion request's sampling fields: greedy, exactly `max_tokens`."""
         fields: dict[str, int | float | bool] = {"max_tokens": self.max_tokens, "temperature": 0}
         if self.question is None:
             fields["ignore_eos"] = True
-        else:
+        elif not self.may_end:
             fields["min_tokens"] = self.max_tokens
         if self.repetition_penalty != 1.0:
             fields["repetition_penalty"] = self.repetition_penalty
@@ -150,7 +156,11 @@ def _chat_requests(spec: WorkloadSpec, tokenizer: Any) -> list[BenchRequest]:
             question = f"{question} (Version {lap + 1}.)"
         ids = chat_prompt_ids(tokenizer, question)
         max_tokens = rng.randint(*spec.output_tokens)
-        out.append(BenchRequest(index, ids, max_tokens, question, spec.repetition_penalty))
+        out.append(
+            BenchRequest(
+                index, ids, max_tokens, question, spec.repetition_penalty, spec.answers_end
+            )
+        )
     lengths = sorted(len(r.prompt_token_ids) for r in out)
     low, high = spec.prompt_tokens
     if lengths[0] < low or lengths[-1] > high:

@@ -8,9 +8,11 @@ fails a `randkv.vllm.release.drift` check before it can change a decision:
   on the attention layer from 0.32).
 - `queues`: how many requests wait (one queue plus `skipped_waiting` up to 0.28,
   `get_request_counts()` from 0.32).
-- `entrypoints`: `cli_env_setup`, which moved to `vllm.entrypoints.common.startup` in 0.34.
+- `entrypoints`: `cli_env_setup`, which moved to `vllm.entrypoints.common.startup` in 0.34,
+  and where the API server app gets its middleware.
 - `runner`: which model runner RandKV runs on (V1 up to 0.32, V2 in 0.32 and alone in 0.34;
   the release table says which RandKV supports) and the environment variable that picks it.
-- `kv_sharing`: the layers that share another layer's KV cache (a runner attribute on V1,
-  `attn_utils.get_shared_kv_cache_layers` on V2).
+
+(The layers that share another layer's KV cache are read by each runner mixin, where its
+runner keeps them: `randkv_shared_kv_layers` in `randkv.vllm.worker.runner_v1` / `runner_v2`.)
 """
