@@ -103,18 +103,30 @@ SCHEDULING = {
 }
 
 
+# Speculative decoding on each platform (docs/vllm-integration.md, "Speculative decoding").
+SPECULATION = {
+    "cpu": "ngram, draft model proved{v2}; EAGLE/EAGLE3 read only; MTP refused",
+    "cuda": "ngram, draft model, EAGLE/EAGLE3 read only (drift check); MTP refused",
+}
+#: What the V2 runner adds to a CPU row (vLLM's V2 ngram kernel fails in Triton's interpreter).
+SPECULATION_V2_NOTE = " (on V2 the draft model; ngram's V2 kernel needs a GPU)"
+
+
 def markdown_table() -> str:
     """The README's table of supported releases."""
     lines = [
-        "| vLLM release | package | platform | model runner(s) | scheduling | verified by |",
-        "|---|---|---|---|---|---|",
+        "| vLLM release | package | platform | model runner(s) | scheduling | speculation "
+        "| verified by |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in SUPPORTED:
         runners = ", ".join(("V1" if name == "v1" else "V2") for name in r.runners)
         platform = "CPU" if r.platform == "cpu" else "CUDA GPU"
         scheduling = SCHEDULING[r.platform]
+        v2_note = SPECULATION_V2_NOTE if "v2" in r.runners else ""
+        speculation = SPECULATION[r.platform].format(v2=v2_note)
         lines.append(
             f"| {r.version} | `{r.distribution}` | {platform} | {runners} | {scheduling} "
-            f"| {r.verified} |"
+            f"| {speculation} | {r.verified} |"
         )
     return "\n".join(lines)
