@@ -116,7 +116,7 @@ def run(
 
         def stock(ids: torch.Tensor = ids) -> Generation:
             cache = rh.RandKVCache.from_inputs(model, ids, randkv=config)
-            return model.generate(ids, cache=cache, **common), cache
+            return model.generate(ids, past_key_values=cache, **common), cache
 
         dense_result, dense_out = _measure(dense, repeats=repeats, prompt_length=prompt)
         ours_result, ours_out = _measure(ours, repeats=repeats, prompt_length=prompt)
