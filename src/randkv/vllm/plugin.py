@@ -1,5 +1,5 @@
-"""RandKV as a vLLM plugin: `pip install randkv`, then stock vLLM with
-`--additional-config '{"randkv": {"budget": 2048, "buffer_size": 64}}'` (or
+"""RandKV as a vLLM plugin: with this package installed (from a checkout: README, "Install"),
+stock vLLM with `--additional-config '{"randkv": {"budget": 2048, "buffer_size": 64}}'` (or
 `vllm.LLM(..., additional_config={"randkv": {...}})`) runs RandKV.
 
 vLLM loads every `vllm.general_plugins` entry point in every one of its processes
@@ -7,8 +7,9 @@ vLLM loads every `vllm.general_plugins` entry point in every one of its processe
 deployment that does not use RandKV. It wraps one vLLM method, `EngineArgs.create_engine_config`,
 where a deployment's options become its configuration: when the options carry "randkv" in
 `additional_config`, the wrap parses them once into a `RandKVConfig`, fills in RandKV's
-scheduler, the worker for the platform, synchronous scheduling and vLLM's V1 model runner (a
-user's contrary choice is refused with the setting to change), installs RandKV's front-door
+scheduler and the worker for the platform (and, where RandKV supports only vLLM's V1 model
+runner, asks for it: vLLM 0.28; a user's contrary choice is refused with the setting to
+change), leaves vLLM's scheduling mode as vLLM chose it, installs RandKV's front-door
 checks (`randkv.vllm.entrypoints.front_door`), and leaves the parsed config on the `VllmConfig` it
 returns, where every engine process reads it (`randkv.vllm.options`). Without "randkv" the
 wrap passes straight through, under any vLLM. Under a vLLM release RandKV does not support
@@ -99,6 +100,6 @@ def _warn_once_about_metrics() -> None:
     logger.warning(
         "RandKV: %s is not set, so RandKV's Prometheus series (written by the engine and "
         "worker processes) will not appear on /metrics; set it to an empty directory before "
-        "starting vLLM (see README, 'Metrics under stock vLLM')",
+        "starting vLLM (see docs/serving.md, 'Metrics under stock vLLM')",
         METRICS_ENV,
     )
