@@ -258,8 +258,11 @@ LAYERS: dict[str, set[str]] = {
         }  # fmt: skip
         for top in ("randkv.bench", "randkv.check", "randkv.demo")
     },
+    # 4. per-request memory from a config.json: plain arithmetic over the spec
+    "randkv.memory": {"randkv.spec"},
     "randkv.cli": {
         "randkv.spec",
+        "randkv.memory",
         "randkv.models",
         "randkv.vllm",
         "randkv.bench",

@@ -239,6 +239,45 @@ def _add_model_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     model.add_parser("list", help="the models that can be fetched").set_defaults(func=_model_list)
 
 
+def _memory(args: argparse.Namespace) -> None:
+    from randkv import memory
+
+    settings = memory.MemorySettings(
+        context=args.context,
+        budget=args.budget,
+        buffer=args.buffer,
+        block_size=args.block_size,
+        dtype=args.dtype,
+        state_dtype=args.state_dtype,
+    )
+    size = None if args.memory is None else memory.parse_size(args.memory)
+    plan = memory.plan_memory(memory.load_model(args.model), settings, size)
+    print(
+        json.dumps(memory.plan_to_json(plan), indent=2) if args.json else memory.format_plan(plan)
+    )
+
+
+def _add_memory_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from randkv.memory import DTYPE_BYTES
+
+    mem = commands.add_parser(
+        "memory",
+        help="KV bytes per request without and with RandKV, from a model's config.json",
+    )
+    mem.add_argument("model", help="model folder with config.json, or a config.json")
+    mem.add_argument("--context", type=int, default=32768, help="tokens in the request")
+    mem.add_argument("--budget", type=int, default=2048, help="RandKV K")
+    mem.add_argument("--buffer", type=int, default=64, help="RandKV r")
+    mem.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
+    mem.add_argument("--dtype", default="bfloat16", choices=list(DTYPE_BYTES), help="KV dtype")
+    mem.add_argument(
+        "--state-dtype", default=None, choices=list(DTYPE_BYTES), help="default: --dtype"
+    )
+    mem.add_argument("--memory", default="80GiB", help="memory for KV, e.g. 80GiB, 141GB")
+    mem.add_argument("--json", action="store_true", help="print one JSON object")
+    mem.set_defaults(func=_memory)
+
+
 def _demo(args: argparse.Namespace) -> None:
     from randkv import demo
 
@@ -346,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     _add_model_commands(commands)
+    _add_memory_command(commands)
     return parser
 
 
