@@ -406,3 +406,15 @@ def test_the_module_imports_only_the_standard_library_and_the_spec():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_readme_table_is_what_the_command_prints():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in ("Qwen3-32B", "gpt-oss-120b", "DeepSeek-V3", "Qwen3-Next-80B-A3B-Instruct"):
+        plan = _plan(name)
+        cells = (
+            f"| {memory.format_bytes(plan.bytes_plain)} | {memory.format_bytes(plan.bytes_randkv)}"
+            f" | {plan.ratio:.2f}x | {plan.requests_plain} / {plan.requests_randkv} |"
+        )
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {name[:18]} |"))
+        assert row.endswith(cells), (name, row, cells)
