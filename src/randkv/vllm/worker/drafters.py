@@ -1,9 +1,9 @@
-"""Speculative drafters' own KV writes at physical slots (vLLM's V1 model runner).
+"""Speculative drafters' own KV writes at physical slots, on both of vLLM's model runners.
 
 A drafter whose attention layers sit in the KV cache group RandKV bounds (EAGLE, EAGLE3, a
 separate draft model) reads and writes the target's blocks. Its first pass (EAGLE, MTP)
-reuses the target's attention inputs, which RandKV already made physical; two places compute
-slots themselves, from absolute positions:
+reuses the target's attention inputs, which RandKV already made physical. On the V1 runner
+two places compute slots themselves, from absolute positions:
 
 - each later draft step (`_update_positions_dependent_metadata`): vLLM's kernel adds one to
   every row's position and length and maps the position through the block table. The row's
@@ -12,6 +12,10 @@ slots themselves, from absolute positions:
 - a draft model's first pass (`set_inputs_first_pass`, `needs_extra_input_slots`): the
   expanded queries' slots come from absolute positions; RandKV subtracts each row's evicted
   slots (r per round fired), which the runner kept for this step.
+
+On the V2 runner the speculator computes every slot mapping through the runner's
+`BlockTables` and reads the batch's lengths: during its `propose`, RandKV gives it the
+physical lengths and a view of the block tables that shifts positions (`PhysicalSlotTables`).
 
 Positions themselves (RoPE) stay absolute, as for the target. Until a request's first round
 physical and absolute agree, so a step without any round changes nothing.
