@@ -382,3 +382,24 @@ def test_per_request_sources_compact_each_request_in_its_own_slots():
             expected[tables[b, hole // block], 0, hole % block] = src
     PagedCompactor(KVLayout.BLOCK_HEAD_SLOT, block).apply(plan, [cache], tables)
     assert torch.equal(cache, expected)
+
+
+def test_a_slot_map_rolls_back_rejected_drafts_but_never_across_a_round():
+    """Speculative decoding: the newest tokens of a step may be rejected and rolled back;
+    a start before the last round is a replay after preemption, which starts a new map."""
+    import torch
+
+    from randkv.kernels.slotmap import SlotPositionMap
+
+    config = RandKVConfig(budget=8, buffer_size=2)  # a round at 12 tokens
+    slot_map = SlotPositionMap(config, 1, 1)
+    slot_map.append(10)
+    assert slot_map.roll_back(8) and slot_map.slot_positions(0, 0) == tuple(range(8))
+    slot_map.append(4)
+    evicted = torch.tensor([[[3, 5]]])
+    slot_map.apply_round(evicted, torch.tensor([10, 11]))
+    kept = slot_map.slot_positions(0, 0)
+    slot_map.append(1)
+    assert not slot_map.roll_back(11)  # before the round: refused, nothing changed
+    assert slot_map.slot_positions(0, 0) == (*kept, 12)
+    assert slot_map.roll_back(12) and slot_map.slot_positions(0, 0) == kept

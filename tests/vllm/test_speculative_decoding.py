@@ -10,7 +10,10 @@ accepted: any slot a drafter wrote or read in the wrong place would show as a re
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import speculative_runs
 from async_scheduling import cpu_async_scheduling
 from engine_teardown import shut_down_beside_others
 from v2_runner import v2_requested
@@ -22,7 +25,6 @@ from vllm import SamplingParams  # noqa: E402
 from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 from randkv.kernels.planner import RoundPlanner  # noqa: E402
 from randkv.models import build_tiny_checkpoint  # noqa: E402
-from randkv.spec import physical_length  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.v2]
 
@@ -70,36 +72,8 @@ def _scheduler(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def _acceptance(llm) -> tuple[int, int]:
-    """(draft tokens proposed, draft tokens accepted) so far, from vLLM's own counters."""
-    counts = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return (
-        int(counts.get("vllm:spec_decode_num_draft_tokens", 0)),
-        int(counts.get("vllm:spec_decode_num_accepted_tokens", 0)),
-    )
-
-
 def _run(llm, prompts=PROMPTS, params=GREEDY) -> dict:
-    """Tokens, rounds, target-layer slot maps (cut to the verified tokens) and acceptance."""
-    before = _acceptance(llm)
-    outputs = llm.generate(prompts, params)
-    after = _acceptance(llm)
-    result = {"tokens": [], "rounds": [], "maps": [], "lengths": []}
-    for output in outputs:
-        tokens = list(output.outputs[0].token_ids)
-        seen = len(output.prompt_token_ids) + len(tokens) - 1
-        length = physical_length(
-            CONFIG, prompt_length=len(output.prompt_token_ids), tokens_seen=seen
-        )
-        slots = llm.randkv_slot_positions(output.request_id)
-        result["tokens"].append(tokens)
-        result["rounds"].append(llm.randkv_request_stats(output.request_id).rounds)
-        # A finished request's map may still hold its last step's drafts past its verified
-        # tokens: the target's layers are the first two, and only `length` slots count.
-        result["maps"].append([[heads[:length] for heads in layer] for layer in slots[:2]])
-        result["lengths"].append((len(output.prompt_token_ids), seen))
-    result["drafted"], result["accepted"] = (after[0] - before[0], after[1] - before[1])
-    return result
+    return speculative_runs.run(llm, CONFIG, prompts, params)
 
 
 @pytest.fixture(scope="module")
@@ -264,21 +238,26 @@ def test_seeded_sampling_with_speculation_keeps_the_spec_s_slot_maps(model):
     reason="vLLM's V2 ngram kernel does not run in Triton's interpreter ('mask has "
     "unsupported dtype', plain vLLM too); the V1 run proves the scheduler's cut",
 )
-# Last in the module: after an ngram engine, vLLM's kernel registry trips over a numba object
-# when the next speculative engine starts in the same process (vllm/triton_utils/dispatcher).
+# In a process of its own: once vLLM's ngram proposer has imported numba, vLLM's kernel
+# registry fails every later engine start in the process (tests/support/speculative_runs.py).
 def test_ngram_gives_the_tokens_rounds_and_slot_maps_of_randkv_without_it(model, reference):
     spec = {"method": "ngram", "num_speculative_tokens": DRAFTS, "prompt_lookup_max": 3,
             "prompt_lookup_min": 1}  # fmt: skip
-    llm = _llm(model, spec)
-    keyed = SamplingParams(
-        temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, extra_args={"randkv_key": "k"}
+    greedy = {"temperature": 0, "max_tokens": NEW_TOKENS, "ignore_eos": True}
+    keyed = {**greedy, "extra_args": {"randkv_key": "k"}}
+    ran = speculative_runs.run_in_subprocess(
+        {
+            "model": model,
+            "randkv": dataclasses.asdict(CONFIG),
+            "engine": COMMON,
+            "speculative_config": spec,
+            "prompts": PROMPTS,
+            "params": [greedy, keyed],
+        }
     )
-    result = _run(llm)
-    keyed_result = _run(llm, params=keyed)
-    counters = _scheduler(llm).counters
-    shut_down_beside_others(llm)
+    result, keyed_result = ran["runs"]
     _assert_same_decisions(result, reference)
     assert result["accepted"] > 0, "no draft was accepted: nothing to prove"
-    assert counters["draft_steps_shortened"] > 0  # round boundaries fell inside steps
+    assert ran["counters"]["draft_steps_shortened"] > 0  # round boundaries fell inside steps
     key = request_key_from_text("k")
     _assert_spec_maps(keyed_result, [key, key])

@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
         outputs = llm.generate(["Statistics across processes.", long_prompt], params)
         stats = llm.randkv_stats()
         record = llm.randkv_request_stats(outputs[0].request_id)
-        print(json.dumps({
+        print("RESULT " + json.dumps({
             "prompt": len(outputs[0].prompt_token_ids),
             "generated": len(outputs[0].outputs[0].token_ids),
             "refused": outputs[1].outputs[0].finish_reason,
@@ -60,7 +60,8 @@ def test_stats_cross_vllms_processes_typed(tiny_model_path):
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
     config = RandKVConfig(budget=40, buffer_size=8, seed=2)
     seen = result["prompt"] + result["generated"] - 1
     rounds = num_rounds(config, prompt_length=result["prompt"], tokens_seen=seen)

@@ -145,7 +145,7 @@ def test_pipeline_and_tensor_parallel_shards_compact_slices_of_one_device():
 def test_lockstep_data_parallel_is_refused():
     from types import SimpleNamespace
 
-    from randkv.vllm.entrypoints.engine_args import UnsupportedModeError, check_engine_supported
+    from randkv.vllm.refusals import UnsupportedModeError, check_engine_supported
 
     model = SimpleNamespace(get_sliding_window=lambda: None)
     parallel = SimpleNamespace(pipeline_parallel_size=1, data_parallel_size=2)
@@ -279,7 +279,7 @@ def _run(llm) -> dict:
         "slots": [llm.randkv_slot_positions(o.request_id) for o in outputs],
         "counters": delta,
         "per_rank": per_rank,
-        "ranks": after["ranks"],
+        "ranks": after.ranks,
     }
 
 

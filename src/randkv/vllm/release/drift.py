@@ -42,7 +42,12 @@ RANDKV_VLLM = Path(__file__).resolve().parents[1]
 
 #: RandKV modules that only one model runner uses: their vLLM imports and overrides are
 #: checked where that runner is used.
-RUNNER_MODULES = {"randkv.vllm.worker.runner_v1": "v1", "randkv.vllm.worker.runner_v2": "v2"}
+RUNNER_MODULES = {
+    "randkv.vllm.worker.runner_v1": "v1",
+    "randkv.vllm.worker.runner_v2": "v2",
+    "randkv.vllm.worker.drafters_v1": "v1",
+    "randkv.vllm.worker.drafters_v2": "v2",
+}
 
 
 @dataclass(frozen=True)

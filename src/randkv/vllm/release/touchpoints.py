@@ -392,7 +392,7 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         ("scheduled_spec_decode_tokens",),
         why="the speculative tests read which drafts a step verified",
     ),
-    # V1 drafters that write KV (randkv.vllm.worker.drafters): draft steps and a draft
+    # V1 drafters that write KV (randkv.vllm.worker.drafters_v1): draft steps and a draft
     # model's first pass, recomputed at physical slots.
     Touch(
         "parameters",

@@ -2,7 +2,8 @@
 the model runner's hooks (`runner`, with `runner_v1` / `runner_v2` for vLLM's two model
 runners, assembled by `runner_class`), the state RandKV owns in each worker (`state`: the
 rounds it plans and applies, `records`: per-request records and slot maps), the
-physical/absolute length shift (`lengths`), a mixed model's window lengths
+physical/absolute length shift (`lengths`), speculative drafters' physical slots
+(`drafters_v1`, `drafters_v2`), a mixed model's window lengths
 (`window_lengths`), the parallel layout (`parallel`) and the round timer (`round_timer`).
 
 Empty on purpose: importing `randkv.vllm.worker.gpu` must not import vLLM's CPU worker

@@ -61,14 +61,16 @@ class RequestRecords:
 
     def roll_back_rejected(self, scheduler_output: SchedulerOutput) -> None:
         """Before this step's rounds: a tracked request that starts before the tokens its
-        map holds had drafts rejected in its last step (speculative decoding); its map drops
-        them. (A start of 0 is a replay after preemption: `observe` starts a new map.)"""
+        map holds, but not before its last round, had drafts rejected (speculative
+        decoding; under async scheduling, in the step before); its map drops them. A start
+        before the last round is a replay after preemption (a start is at most the prompt
+        then), for which `observe` starts a new map."""
         if not self.tracking:
             return
         for req_id, start in _starts(scheduler_output).items():
             slot_map = self.slot_maps.get(req_id)
             if slot_map is not None and 0 < start < slot_map.tokens_seen:
-                slot_map.roll_back(start)
+                slot_map.roll_back(start)  # False (a replay): `observe` starts over
 
     def observe(
         self, scheduler_output: SchedulerOutput, budgets: StepBudgets, block_size: int

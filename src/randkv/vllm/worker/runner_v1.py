@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from randkv.vllm.sched.output import RoundDirective
-from randkv.vllm.worker.drafters import adopt_v1_drafter
+from randkv.vllm.worker.drafters_v1 import adopt_v1_drafter
 from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
 from randkv.vllm.worker.runner import RandKVRunnerMixin
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 class V1RunnerMixin(RandKVRunnerMixin):
     """The V1 runner's seams (module docstring); a speculative drafter that writes KV in
-    RandKV's group gets physical slots too (`randkv.vllm.worker.drafters`)."""
+    RandKV's group gets physical slots too (`randkv.vllm.worker.drafters_v1`)."""
 
     # vLLM's V1 runner state RandKV reads and rewrites (declared for the type checker).
     input_batch: Any

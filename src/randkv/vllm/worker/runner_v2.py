@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from randkv.vllm.sched.output import RoundDirective
-from randkv.vllm.worker.drafters import adopt_v2_speculator
+from randkv.vllm.worker.drafters_v2 import adopt_v2_speculator
 from randkv.vllm.worker.lengths import physical_on_device, slots_evicted
 from randkv.vllm.worker.runner import RandKVRunnerMixin
 
