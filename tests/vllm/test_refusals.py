@@ -63,7 +63,7 @@ def test_a_model_whose_every_layer_slides_is_refused_at_start(tiny_model_path, t
     config["layer_types"] = ["sliding_attention"] * config["num_hidden_layers"]
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        Exception, match="every attention layer of this model slides.*serve it without RandKV"
+        Exception, match="every layer of this model slides.*serve it without RandKV"
     ):
         LLM(
             model=str(model),

@@ -34,10 +34,11 @@ from transformers.cache_utils import (
     CacheLayerMixin,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
 )
 
 from randkv import spec
-from randkv.hf.support import check_supported, randkv_layers
+from randkv.hf.support import STATE_LAYER_TYPES, check_supported, randkv_layers
 from randkv.kernels.compactor import KVLayout, PagedCompactor
 from randkv.kernels.planner import to_key_tensor
 from randkv.selectors import AttentionStep, RandKV, RoundView, Selector
@@ -112,7 +113,7 @@ class _Step:
     kv_length: int  # slots the attention reads per row (max over rows)
     query_length: int
     start: int | None  # when every column of every row is new and rows are level: first slot
-    next_layer: int = 0
+    next_layer: int = 0  # index into the cache's KV layers (those a forward updates)
     on_device: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
     def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -202,6 +203,10 @@ class RandKVCache(Cache):
     `DynamicSlidingWindowLayer` (its last W - 1 columns), exactly as without RandKV. The spec's
     `layer` is the model's layer index, as in vLLM.
 
+    Hybrid models (Qwen3-Next's Gated DeltaNet, Nemotron-H's Mamba2 beside full attention):
+    each state layer keeps Transformers' own `LinearAttentionLayer` (one fixed-size state per
+    row), exactly as without RandKV; RandKV bounds the full-attention layers.
+
     Args:
         model_or_config: the model (or its config); a decoder whose layers are full attention,
             or full attention mixed with sliding-window attention.
@@ -274,9 +279,17 @@ class RandKVCache(Cache):
         #: W of the sliding-window layers (None: every layer is full attention).
         self.sliding_window: int | None = None
         layers: list[CacheLayerMixin | LinearAttentionCacheLayerMixin] = []
+        kinds = getattr(text, "layer_types", None) or []
+        #: The layers whose `update` a forward calls (full and sliding attention), in order.
+        self._kv_layer_ids: tuple[int, ...] = tuple(
+            i for i in range(self.num_layers) if i >= len(kinds) or kinds[i] not in STATE_LAYER_TYPES
+        )
         for i in range(self.num_layers):
             if i in self._ordinal:
                 layers.append(_RandKVLayer(self, i))
+                continue
+            if i not in self._kv_layer_ids:  # a hybrid's state layer: Transformers' own
+                layers.append(LinearAttentionLayer())
                 continue
             if self.sliding_window is None:
                 window = getattr(text, "sliding_window", None)
@@ -305,6 +318,14 @@ class RandKVCache(Cache):
         if not isinstance(found, CacheLayerMixin):
             raise TypeError(f"layer {layer} is {type(found).__name__}, not a sliding window")
         return found
+
+    def _attention_layer(self, layer: int) -> int:
+        """`layer`, or for a hybrid's state layer the first full-attention layer (Transformers
+        asks a cache's layer 0 for mask sizes and sequence length, and layer 0 may be a state
+        layer)."""
+        if layer in self._kv_layer_ids:
+            return layer
+        return self.layer_ids[0]
 
     def _ordinal_of(self, layer: int) -> int:
         """Index of a full-attention model layer among `layer_ids`."""
@@ -569,18 +590,20 @@ class RandKVCache(Cache):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's new keys/values of one layer; return the slots attention reads."""
+        order = self._kv_layer_ids
         if self._step is None:
-            if layer_idx != 0:
+            if layer_idx != order[0]:
                 raise RuntimeError(
-                    f"RandKVCache: layer {layer_idx} was updated before layer 0 in this step"
+                    f"RandKVCache: layer {layer_idx} was updated before layer {order[0]} in "
+                    "this step"
                 )
             self._auto_prepare(key_states, kwargs)
         step = self._step
         assert step is not None
-        if layer_idx != step.next_layer:
+        if layer_idx != order[step.next_layer]:
             raise RuntimeError(
-                f"RandKVCache: expected layer {step.next_layer} next, got layer {layer_idx} "
-                "(layers must be updated once each, in order)"
+                f"RandKVCache: expected layer {order[step.next_layer]} next, got layer "
+                f"{layer_idx} (layers must be updated once each, in order)"
             )
         if key_states.shape[0] != self.batch_rows or key_states.shape[2] != step.query_length:
             raise ValueError(
@@ -589,7 +612,7 @@ class RandKVCache(Cache):
             )
         if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
             step.next_layer += 1
-            if step.next_layer == self.num_layers:
+            if step.next_layer == len(order):
                 self._step = None
             return self._window(layer_idx).update(key_states, value_states)
         layer = self._buffers(layer_idx)
@@ -606,7 +629,7 @@ class RandKVCache(Cache):
             keys[rows, :, slots] = key_states[rows, :, cols].to(keys.dtype)
             values[rows, :, slots] = value_states[rows, :, cols].to(values.dtype)
         step.next_layer += 1
-        if step.next_layer == self.num_layers:
+        if step.next_layer == len(order):
             self._step = None
         return keys[:, :, : step.kv_length], values[:, :, : step.kv_length]
 
@@ -728,6 +751,7 @@ class RandKVCache(Cache):
     def get_query_offset(self, layer_idx: int = 0) -> int:
         """Slot of the next query: the physical length once a due round is applied (a
         sliding-window layer: its columns so far)."""
+        layer_idx = self._attention_layer(layer_idx)
         if layer_idx not in self._ordinal:  # its columns written so far
             return self._window(layer_idx).get_seq_length()
         return self._uniform_length()
@@ -735,6 +759,7 @@ class RandKVCache(Cache):
     def get_mask_sizes(self, query: int | torch.Tensor, layer_idx: int = 0) -> tuple[int, int]:
         """(kv_length, kv_offset) of the standard mask; `query` is the query length, or (older
         5.x releases) the tensor of query cache positions."""
+        layer_idx = self._attention_layer(layer_idx)
         if layer_idx not in self._ordinal:  # a sliding-window layer: Transformers' own
             # Older 5.x releases take the tensor of query cache positions.
             return self._window(layer_idx).get_mask_sizes(query)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from transformers.masking_utils import create_sliding_window_causal_mask
 from randkv import spec
 from randkv.hf.cache import RandKVCache, prompt_rows
 from randkv.hf.hooks import attention_hooks
-from randkv.hf.support import check_supported
+from randkv.hf.support import STATE_LAYER_TYPES, check_supported
 from randkv.spec.config import RandKVConfig
 
 __all__ = [
@@ -89,22 +89,38 @@ def attention_mask_for(model: Any, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def step_attention_mask(
-    model: Any, cache: RandKVCache, ids: torch.Tensor, allowed: torch.Tensor
+    model: Any,
+    cache: RandKVCache,
+    ids: torch.Tensor,
+    allowed: torch.Tensor,
+    real: torch.Tensor | None = None,
 ) -> Any:
-    """This step's mask over `cache` (after `begin_step` gave `allowed`); a mixed model gets
-    one per layer type: RandKV's on the full layers, and for the sliding-window layers the
-    mask Transformers builds for its own window cache, over input columns (pad columns
-    included, masked)."""
+    """This step's mask over `cache` (after `begin_step` gave `allowed`); a mixed or hybrid
+    model gets one per layer type: RandKV's on the full layers; for the sliding-window layers
+    the mask Transformers builds for its own window cache, over input columns (pad columns
+    included, masked); for a hybrid's state layers the step's 2D padding mask (`real`: which
+    of this step's columns are real tokens; None when all are), which keeps pad columns out
+    of their recurrent states."""
     device = model.device
     mask = attention_mask_for(model, allowed.to(device))
-    if cache.sliding_window is None:
-        return mask
     text = model.config.get_text_config(decoder=True)
-    shape_only = torch.empty(*ids.shape, 1, dtype=model.dtype, device=device)
-    columns = cache.column_mask.to(device)
-    # Positional: the cache argument's name changed within 5.x (past_key_values, cache).
-    sliding = create_sliding_window_causal_mask(text, shape_only, columns, cache)
-    return {"full_attention": mask, "sliding_attention": sliding}
+    state_kinds = set(getattr(text, "layer_types", None) or ()) & STATE_LAYER_TYPES
+    if cache.sliding_window is None and not state_kinds:
+        return mask
+    masks: dict[str, Any] = {"full_attention": mask}
+    if cache.sliding_window is not None:
+        shape_only = torch.empty(*ids.shape, 1, dtype=model.dtype, device=device)
+        columns = cache.column_mask.to(device)
+        # Positional: the cache argument's name changed within 5.x (past_key_values, cache).
+        masks["sliding_attention"] = create_sliding_window_causal_mask(
+            text, shape_only, columns, cache
+        )
+    padding = None
+    if real is not None and not bool(real.all()):
+        padding = real.to(device=device, dtype=torch.long)
+    for kind in state_kinds:
+        masks[kind] = padding
+    return masks
 
 
 class _Session:
@@ -124,7 +140,9 @@ class _Session:
             kwargs["logits_to_keep"] = 1
         if isinstance(self.cache, RandKVCache):
             allowed, positions = self.cache.begin_step(real)
-            kwargs["attention_mask"] = step_attention_mask(self.model, self.cache, ids, allowed)
+            kwargs["attention_mask"] = step_attention_mask(
+                self.model, self.cache, ids, allowed, real
+            )
             kwargs["position_ids"] = positions.to(self.device)
         else:  # dense batch-1 reference: plain causal attention
             q = ids.shape[1]

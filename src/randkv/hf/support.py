@@ -1,14 +1,18 @@
 """Which Transformers models RandKV can serve: decoders with full-attention layers and
-position-free caches, alone or mixed with sliding-window layers.
+position-free caches, alone or mixed with sliding-window layers or with the fixed-size state
+layers of hybrid models (Gated DeltaNet, Mamba2).
 
 RandKV keeps each KV head's retained tokens in arbitrary slot order. That is exact only when
 a layer attends to the whole retained set (full attention) and no bias depends on the
 distance between query and key once keys are cached (RoPE is applied before caching; ALiBi
 and relative-position biases are not). In a mixed model (Gemma 3, gpt-oss: `layer_types`
 names each layer) RandKV bounds the full-attention layers and leaves the sliding-window ones
-to Transformers' own window cache, which already bounds them. Anything else is refused up
-front: a model whose every layer slides (nothing for RandKV to bound), chunked attention,
-ALiBi, recurrent or hybrid state-space layers.
+to Transformers' own window cache, which already bounds them. In a hybrid model (Qwen3-Next,
+Nemotron-H) the linear-attention / state-space layers keep one fixed-size state per request
+in Transformers' own cache layer: RandKV bounds the full-attention layers, the only memory
+that grows. Anything else is refused up front: a model whose every layer slides or is
+recurrent (nothing for RandKV to bound), chunked attention, ALiBi, hybrids that do not name
+their layers' kinds in `layer_types`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ __all__ = ["UnsupportedModelError", "check_supported", "randkv_layers", "unsuppo
 # RandKV bounds, and sliding-window attention, which Transformers' window cache bounds.
 _FULL_ATTENTION = "full_attention"
 _SLIDING_ATTENTION = "sliding_attention"
+# Layer types of hybrid models without a per-token KV cache: a fixed-size recurrent or
+# convolution state (Transformers' `LinearAttentionLayer`), or no cache at all (MLP / MoE
+# blocks of Nemotron-H). RandKV leaves them exactly as Transformers runs them.
+STATE_LAYER_TYPES = frozenset({"linear_attention", "conv", "mlp", "moe"})
 # Model families whose attention adds ALiBi biases (no `layer_types` marks them).
 _ALIBI_MODEL_TYPES = frozenset({"bloom", "mpt", "jais", "baichuan_13b"})
 # Recurrent, state-space or otherwise cache-less families: no per-token KV to evict.
@@ -83,7 +91,7 @@ def unsupported_reason(config: Any) -> str | None:
     layer_types = _get(text, "layer_types", None)
     if layer_types:
         for index, layer_type in enumerate(layer_types):
-            if layer_type not in (_FULL_ATTENTION, _SLIDING_ATTENTION):
+            if layer_type not in (_FULL_ATTENTION, _SLIDING_ATTENTION, *STATE_LAYER_TYPES):
                 detail = ""
                 if layer_type == "hybrid_sliding":
                     detail = f" (sliding_window={_get(text, 'sliding_window', None)})"
@@ -91,19 +99,23 @@ def unsupported_reason(config: Any) -> str | None:
                     detail = f" (attention_chunk_size={_get(text, 'attention_chunk_size', None)})"
                 return (
                     f"layer {index} of this {name} model is {layer_type!r}{detail}; "
-                    "RandKV supports 'full_attention' layers, beside 'sliding_attention' ones"
+                    "RandKV supports 'full_attention' layers, beside 'sliding_attention' or "
+                    "state layers ('linear_attention', 'conv', 'mlp', 'moe')"
                 )
         if _FULL_ATTENTION not in layer_types:
+            kinds = sorted(set(layer_types))
             return (
-                f"every layer of this {name} model is 'sliding_attention' (sliding_window="
-                f"{_get(text, 'sliding_window', None)}): its KV is already bounded by the window "
-                "and RandKV has no full-attention layer to bound"
+                f"no layer of this {name} model is 'full_attention' ({kinds}; sliding_window="
+                f"{_get(text, 'sliding_window', None)}): its memory is already bounded by the "
+                "window or fixed-size states, and RandKV has no full-attention layer to bound"
             )
     for attr in _HYBRID_PATTERN_ATTRS:
-        if _get(text, attr, None) is not None:
+        # `layer_types` names a hybrid's layers (checked above); without it, refuse.
+        if not layer_types and _get(text, attr, None) is not None:
             return (
-                f"{name} is a hybrid model ({attr}={_get(text, attr)!r}); "
-                "RandKV supports 'full_attention' layers only"
+                f"{name} is a hybrid model ({attr}={_get(text, attr)!r}) whose config has no "
+                "layer_types naming each layer's kind; RandKV needs them to find the "
+                "full-attention layers"
             )
     sliding_window = _get(text, "sliding_window", None)
     windowed = sliding_window is not None and _get(text, "use_sliding_window", True) is not False

@@ -87,6 +87,9 @@ METRICS: tuple[Metric, ...] = (
            "KV blocks held by RandKV requests now (full-attention layers)"),
     Metric("kv_window_blocks_held", "gauge", _S, _ONCE,
            "KV blocks held now in vLLM's sliding-window groups (mixed models; else 0)"),
+    Metric("kv_state_blocks_held", "gauge", _S, _ONCE,
+           "blocks held now in vLLM's state groups (Mamba2 / Gated DeltaNet layers of hybrid "
+           "models; else 0)"),
     Metric("rejected_prompts", "counter", _S, _ONCE,
            "requests refused because the prompt exceeds K", "scheduler"),
     Metric("long_prompts", "counter", _S, _ONCE,

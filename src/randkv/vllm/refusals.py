@@ -138,8 +138,9 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     Refusal("MLA attention (one shared latent cache, not per-head KV)", _model("use_mla")),
     Refusal(
-        "hybrid / attention-free models (state-space or linear layers)",
-        lambda c: _model("is_hybrid")(c) or _model("is_attention_free")(c),
+        "attention-free models (every layer state-space or linear: no KV cache grows with "
+        "the sequence, nothing for RandKV to evict; serve them without RandKV)",
+        _model("is_attention_free"),
     ),
     Refusal("ALiBi (its bias depends on slot distance)", _model("uses_alibi")),
     Refusal("encoder-decoder models (cross attention)", _model("is_encoder_decoder")),

@@ -9,6 +9,7 @@ cache.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,16 @@ from randkv.vllm.sched.output import RoundDirective
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+
+@dataclass(frozen=True)
+class BlocksHeld:
+    """Blocks held by RandKV's requests: the full-attention group's, a mixed model's
+    window groups', a hybrid model's state groups'."""
+
+    full: int
+    windows: int
+    states: int
 
 
 @dataclass
@@ -53,7 +64,10 @@ class RandKVCacheManager(KVCacheManager):
     layout: KVGroupLayout
     directives: dict[str, RoundDirective]
     full_manager: SingleTypeKVCacheManager
-    window_managers: list[SingleTypeKVCacheManager]
+    #: vLLM's managers of the groups it runs at absolute lengths (`KVGroupLayout.absolute`:
+    #: a mixed model's sliding windows, a hybrid model's states).
+    absolute_managers: list[SingleTypeKVCacheManager]
+    randkv_prefill_end_keyword: bool
 
     def randkv_attach(
         self,
@@ -69,8 +83,10 @@ class RandKVCacheManager(KVCacheManager):
         self.directives = {}
         managers = self.coordinator.single_type_managers
         self.full_manager = managers[layout.randkv]
-        self.window_managers = [managers[g] for g in layout.windows]
+        self.absolute_managers = [managers[g] for g in layout.absolute]
         self.block_size = self.full_manager.block_size
+        count = type(self.full_manager).get_num_blocks_to_allocate
+        self.randkv_prefill_end_keyword = "prefill_end" in inspect.signature(count).parameters
 
     def allocate_slots(
         self,
@@ -104,9 +120,11 @@ class RandKVCacheManager(KVCacheManager):
             lookahead=num_lookahead_tokens,
         )
         absolute_end = computed + num_new_tokens
-        to_allocate = step.new_blocks + self.randkv_window_blocks_to_allocate(
+        to_allocate = step.new_blocks + self.randkv_absolute_blocks_to_allocate(
             request, computed, absolute_end + num_lookahead_tokens, hits
         )
+        if to_allocate > self.block_pool.num_gpu_blocks:
+            return None  # vLLM's state manager says "not this step" (a prefix hit's state)
         watermark = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
@@ -128,7 +146,7 @@ class RandKVCacheManager(KVCacheManager):
             # admitted, the request runs whatever its footprint: the pool is all its own.)
             growth = self._randkv_reserved_growth(request.request_id)
             if growth is not None:
-                windows = self.randkv_window_blocks_to_allocate(
+                windows = self.randkv_absolute_blocks_to_allocate(
                     request, computed, request.num_tokens + num_lookahead_tokens, hits,
                     admission=True,
                 )  # fmt: skip
@@ -145,7 +163,7 @@ class RandKVCacheManager(KVCacheManager):
                 block_size=block_size,
                 lookahead=num_lookahead_tokens,
             )
-            windows = self.randkv_window_blocks_to_allocate(
+            windows = self.randkv_absolute_blocks_to_allocate(
                 request, computed, request.num_tokens + num_lookahead_tokens, hits, admission=True
             )
             if peak - step.keep_blocks + windows + watermark > free:
@@ -208,7 +226,7 @@ class RandKVCacheManager(KVCacheManager):
             growth += max(0, state.footprint_blocks - len(blocks))
         return growth if admitted else None
 
-    def randkv_window_blocks_to_allocate(
+    def randkv_absolute_blocks_to_allocate(
         self,
         request: Request,
         computed: int,
@@ -216,17 +234,25 @@ class RandKVCacheManager(KVCacheManager):
         hits: Any,
         admission: bool = False,
     ) -> int:
-        """Blocks the sliding-window groups need for `tokens` absolute tokens, as vLLM's own
-        managers count them (after they free what left the window). 0 for a dense model."""
-        if not self.window_managers:
+        """Blocks the sliding-window and state groups need for `tokens` absolute tokens, as
+        vLLM's own managers count them (after they free what left the window, or a state
+        checkpoint no longer needed). 0 for a dense model. More than the pool holds means
+        "not this step" (vLLM's state manager answers so while a prefix hit's state block
+        is being cached)."""
+        if not self.absolute_managers:
             return 0
         rid = request.request_id
         if not admission:
             # Tokens of steps still in flight (async scheduling) are not safe to free yet.
             safe = max(0, computed - request.num_in_flight_tokens)
-            for manager in self.window_managers:
+            for manager in self.absolute_managers:
                 manager.remove_skipped_blocks(rid, safe, request.num_prompt_tokens)
         tokens = min(tokens, self.max_model_len)
+        extra = {}
+        if self.randkv_prefill_end_keyword:
+            # Where the prompt (or a replay) ends: vLLM's state manager places its prefill
+            # checkpoints by it (vLLM >= 0.32).
+            extra["prefill_end"] = max(request.num_prompt_tokens, request.num_tokens - 1)
         return sum(
             manager.get_num_blocks_to_allocate(
                 rid,
@@ -236,8 +262,9 @@ class RandKVCacheManager(KVCacheManager):
                 computed,
                 tokens,
                 apply_admission_cap=admission,
+                **extra,
             )
-            for group, manager in zip(self.layout.windows, self.window_managers, strict=True)
+            for group, manager in zip(self.layout.absolute, self.absolute_managers, strict=True)
         )
 
     def randkv_allocate_new_blocks(
@@ -248,9 +275,10 @@ class RandKVCacheManager(KVCacheManager):
         num_encoder_tokens: int,
     ) -> tuple[list[Any], ...]:
         """New blocks per group: the full-attention group up to the physical length, vLLM's
-        sliding-window groups up to the absolute one (their blocks stay where vLLM puts
-        them). Each length comes as (with the drafter's lookahead, the target's alone)."""
-        if not self.window_managers:
+        sliding-window and state groups up to the absolute one (their blocks stay where
+        vLLM puts them). Each length comes as (with the drafter's lookahead, the target's
+        alone)."""
+        if not self.absolute_managers:
             return self.coordinator.allocate_new_blocks(
                 request_id, physical[0], physical[1], num_encoder_tokens
             )
@@ -274,15 +302,22 @@ class RandKVCacheManager(KVCacheManager):
         full_prompt = (state.prompt_length // self.block_size) * self.block_size
         self.coordinator.cache_blocks(request, min(num_computed_tokens, full_prompt))
 
-    def randkv_blocks_held(self, request_ids: Any) -> tuple[int, int]:
-        """(full-attention blocks, window-group blocks) these requests hold now (a window
-        group's list keeps vLLM's null block where a block left the window)."""
+    def randkv_blocks_held(self, request_ids: Any) -> BlocksHeld:
+        """The blocks these requests hold now, by kind of group (a window or state group's
+        list keeps vLLM's null block where it holds none)."""
         full = self.full_manager.req_to_blocks
-        held = sum(len(full.get(r, ())) for r in request_ids)
         null = self.block_pool.null_block
-        windows = sum(
-            sum(1 for block in window.req_to_blocks.get(r, ()) if block is not null)
-            for window in self.window_managers
-            for r in request_ids
+        managers = self.coordinator.single_type_managers
+
+        def held_in(groups: tuple[int, ...]) -> int:
+            return sum(
+                sum(1 for block in managers[g].req_to_blocks.get(r, ()) if block is not null)
+                for g in groups
+                for r in request_ids
+            )
+
+        return BlocksHeld(
+            full=sum(len(full.get(r, ())) for r in request_ids),
+            windows=held_in(self.layout.windows),
+            states=held_in(self.layout.states),
         )
-        return held, windows

@@ -1,6 +1,6 @@
 """The KV cache spec RandKV's workers report (full attention bounded by K + 2r tokens), and
 which KV cache group RandKV bounds (the full-attention one; a mixed model's sliding-window
-groups stay vLLM's)."""
+groups and a hybrid model's state groups stay vLLM's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 from randkv.vllm.options import config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
@@ -46,17 +46,25 @@ class KVGroupLayout:
     """Which of an engine's KV cache groups RandKV bounds.
 
     `randkv` is the one full-attention group (its blocks follow RandKV's rounds); `windows`
-    are the sliding-window groups of a mixed model (Gemma 3, gpt-oss), which vLLM's own
-    managers bound and RandKV leaves exactly as vLLM runs them. A dense model has one group
-    and no windows."""
+    are the sliding-window groups of a mixed model (Gemma 3, gpt-oss), and `states` the
+    fixed-size state groups of a hybrid model (Mamba2, Gated DeltaNet, short convolutions:
+    vLLM's `MambaSpec`): vLLM's own managers bound both, and RandKV leaves them exactly as
+    vLLM runs them, at absolute lengths. A dense model has one group and neither."""
 
     randkv: int
     windows: tuple[int, ...] = ()
+    states: tuple[int, ...] = ()
+
+    @property
+    def absolute(self) -> tuple[int, ...]:
+        """The groups vLLM runs at absolute lengths (every group but RandKV's), in order."""
+        return tuple(sorted(self.windows + self.states))
 
 
 EVERY_LAYER_SLIDES = (
-    "every attention layer of this model slides ({kinds}): vLLM already bounds its KV cache, "
-    "and RandKV has no full-attention layer to evict from; serve it without RandKV"
+    "every layer of this model slides or keeps a fixed-size state ({kinds}): vLLM already "
+    "bounds its KV cache, and RandKV has no full-attention layer to evict from; serve it "
+    "without RandKV"
 )
 
 
@@ -74,13 +82,20 @@ def is_window_spec(spec: Any) -> bool:
     return type(spec) is SlidingWindowSpec
 
 
+def is_state_spec(spec: Any) -> bool:
+    """A hybrid model's fixed-size state (Mamba2, Gated DeltaNet, short convolutions): one
+    state per request however long it gets, which vLLM's own manager keeps."""
+    return isinstance(spec, MambaSpec)
+
+
 def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
-    """One full-attention KV cache group, and only sliding-window groups beside it."""
+    """One full-attention KV cache group, and only sliding-window or state groups beside it."""
     groups = kv_cache_config.kv_cache_groups
     names = [type(group.kv_cache_spec).__name__ for group in groups]
     full = [i for i, group in enumerate(groups) if is_randkv_spec(group.kv_cache_spec)]
     windows = [i for i, group in enumerate(groups) if is_window_spec(group.kv_cache_spec)]
-    others = sorted(set(range(len(groups))) - set(full) - set(windows))
+    states = [i for i, group in enumerate(groups) if is_state_spec(group.kv_cache_spec)]
+    others = sorted(set(range(len(groups))) - set(full) - set(windows) - set(states))
     if any(getattr(groups[i].kv_cache_spec, "sliding_window", None) for i in others):
         raise UnsupportedModeError(
             "vLLM runs this model's sliding-window layers in full-attention KV cache groups "
@@ -89,9 +104,10 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
         )
     if others:
         raise UnsupportedModeError(
-            f"RandKV supports full attention, with sliding-window attention beside it; this "
-            f"model's KV cache groups are {names} ({names[others[0]]}: chunked-local, "
-            "state-space, cross-attention or latent caches are not supported)"
+            f"RandKV supports full attention, with sliding-window attention or state-space / "
+            f"linear-attention layers beside it; this model's KV cache groups are {names} "
+            f"({names[others[0]]}: chunked-local, cross-attention or latent caches are not "
+            "supported)"
         )
     if not full:
         raise UnsupportedModeError(EVERY_LAYER_SLIDES.format(kinds=names))
@@ -101,4 +117,4 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
             f"({names}); RandKV supports one full-attention group for now (vLLM makes one "
             "when the model has no more full-attention layers than it puts in a group)"
         )
-    return KVGroupLayout(randkv=full[0], windows=tuple(windows))
+    return KVGroupLayout(randkv=full[0], windows=tuple(windows), states=tuple(states))

@@ -76,7 +76,9 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
         self.kv_cache_manager.randkv_attach(config, self.request_rounds, self.metrics, layout)
         # vLLM calls this split hook for every scheduled request (running and waiting);
-        # RandKV uses it to end each chunk at the next round boundary.
+        # RandKV uses it to end each chunk at the next round boundary. A hybrid model in
+        # vLLM's "align" state mode (prefix caching on) needs vLLM's own split first.
+        self.randkv_vllm_split = bool(self.need_mamba_block_aligned_split)
         self.need_mamba_block_aligned_split = True
         _install_counters_utility()
         self._open_timeline()
@@ -135,6 +137,15 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         state = self.request_rounds.get(request.request_id)
         if state is None:  # rejected: never scheduled
             return 0
+        if self.randkv_vllm_split:
+            # vLLM's cut for its state checkpoints (block boundaries of the prompt); both
+            # cuts only shorten, so applying both ends the chunk at the nearer boundary.
+            num_new_tokens = super()._mamba_block_aligned_split(
+                request, num_new_tokens, num_new_local_computed_tokens,
+                num_external_computed_tokens,
+            )  # fmt: skip
+            if num_new_tokens == 0:
+                return 0
         start = request.num_computed_tokens + num_new_local_computed_tokens
         start += num_external_computed_tokens
         if self._randkv_unverified_at_round(request, state, start):
@@ -193,9 +204,10 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         return RandKVStepPlan(directives=directives, budgets=budgets)
 
     def _randkv_publish_blocks_held(self) -> None:
-        held, windows = self.kv_cache_manager.randkv_blocks_held(self.request_rounds)
-        self.metrics.set("kv_blocks_held", held)
-        self.metrics.set("kv_window_blocks_held", windows)
+        held = self.kv_cache_manager.randkv_blocks_held(self.request_rounds)
+        self.metrics.set("kv_blocks_held", held.full)
+        self.metrics.set("kv_window_blocks_held", held.windows)
+        self.metrics.set("kv_state_blocks_held", held.states)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         result = super()._preempt_request(request, *args, **kwargs)

@@ -16,7 +16,12 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from randkv.kernels.compactor import KVLayout
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
-from randkv.vllm.sched.kv_groups import EVERY_LAYER_SLIDES, bounded_spec, is_window_spec
+from randkv.vllm.sched.kv_groups import (
+    EVERY_LAYER_SLIDES,
+    bounded_spec,
+    is_state_spec,
+    is_window_spec,
+)
 from randkv.vllm.worker.runner_class import adopt_model_runner
 
 if TYPE_CHECKING:
@@ -45,16 +50,20 @@ class RandKVWorkerMixin:
         specs = super().get_kv_cache_spec()  # type: ignore[misc]
         wrapped = {}
         for name, spec in specs.items():
-            if is_window_spec(spec):
-                wrapped[name] = spec  # a mixed model's window layer: vLLM bounds it
+            if is_window_spec(spec) or is_state_spec(spec):
+                # A mixed model's window layer, a hybrid model's state layer: vLLM bounds it.
+                wrapped[name] = spec
                 continue
             if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
                 raise UnsupportedModeError(
-                    f"RandKV supports full attention, with sliding-window attention beside "
-                    f"it; layer {name} uses {type(spec).__name__}"
+                    f"RandKV supports full attention, with sliding-window attention or "
+                    f"state-space / linear-attention layers beside it; layer {name} uses "
+                    f"{type(spec).__name__}"
                 )
             wrapped[name] = bounded_spec(spec)
-        if wrapped and all(is_window_spec(spec) for spec in wrapped.values()):
+        if wrapped and all(
+            is_window_spec(spec) or is_state_spec(spec) for spec in wrapped.values()
+        ):
             kinds = sorted({type(spec).__name__ for spec in wrapped.values()})
             raise UnsupportedModeError(EVERY_LAYER_SLIDES.format(kinds=kinds))
         return wrapped

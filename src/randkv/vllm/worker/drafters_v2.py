@@ -81,7 +81,7 @@ def _physical_propose(vllm_propose: Any) -> Any:
             tables,
             state.step_evicted,
             state.groups.randkv,
-            state.groups.windows,
+            state.groups.absolute,
             runner.randkv_buffers.window_slots,
         )
         input_batch.seq_lens, input_batch.seq_lens_cpu_upper_bound = lengths.physical()

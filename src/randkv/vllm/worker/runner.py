@@ -127,9 +127,10 @@ class RandKVRunnerMixin:
         rounds = RoundApplier(config, caches, layers, shard, compactor, metrics)
         records = RequestRecords(config, len(caches), shard.num_heads)
         self.randkv = RandKVWorkerState(config, groups, rounds, records, metrics, block_size)
-        # A mixed model's window layers read absolute lengths (their own attention inputs):
-        # both runners build every group's metadata from one set of lengths.
-        for group in groups.windows:
+        # A mixed model's window layers and a hybrid model's state layers read absolute
+        # lengths (their own attention inputs): both runners build every group's metadata
+        # from one set of lengths.
+        for group in groups.absolute:
             for attn_group in self.attn_groups[group]:
                 for builder in attn_group.metadata_builders:
                     give_absolute_lengths(builder, self.randkv.window_lengths)

@@ -80,8 +80,8 @@ class V1RunnerMixin(RandKVRunnerMixin):
         evicted_host = slots_evicted(state.config, seen_host, budgets)
         if evicted_host is None:
             return
-        windows = state.groups.windows
-        if windows:  # before the shift: the window layers' lengths
+        absolute_groups = state.groups.absolute
+        if absolute_groups:  # before the shift: the window and state layers' lengths
             state.window_lengths.keep(self.seq_lens, self.optimistic_seq_lens_cpu, num_reqs)
         seen = self.num_computed_tokens[:num_reqs].to(torch.int64)
         evicted = seen - physical_on_device(state.config, seen, budgets)  # r per round fired
@@ -91,7 +91,7 @@ class V1RunnerMixin(RandKVRunnerMixin):
         positions = self.positions[:total] - per_token
         # Only the full-attention group's slots move; window groups keep vLLM's own.
         table = self.input_batch.block_table
-        if windows:
+        if absolute_groups:
             table = table[state.groups.randkv]
         table.compute_slot_mapping(num_reqs, self.query_start_loc.gpu[: num_reqs + 1], positions)
         self.seq_lens[:num_reqs] -= evicted.to(self.seq_lens.dtype)

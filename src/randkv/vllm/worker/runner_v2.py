@@ -107,7 +107,7 @@ class V2RunnerMixin(RandKVRunnerMixin):
             absolute_seq_lens=torch.zeros_like(seq_lens),
             window_slots=(
                 torch.empty_like(self.block_tables.slot_mappings)
-                if self.randkv.groups.windows
+                if self.randkv.groups.absolute
                 else None
             ),
         )
@@ -184,7 +184,7 @@ class V2RunnerMixin(RandKVRunnerMixin):
         )
         if window_slots is not None:  # vLLM's persistent buffer: window rows back to absolute
             tokens = slot_mappings.shape[1]
-            for group in state.groups.windows:
+            for group in state.groups.absolute:
                 slot_mappings[group].copy_(window_slots[group, :tokens])
         return block_tables, slot_mappings
 
