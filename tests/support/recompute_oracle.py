@@ -3,7 +3,9 @@
 One full-sequence forward where the query at position t sees, on a full-attention layer l and
 KV head h, exactly the positions the spec says that head holds when t is decoded (retained
 after t tokens, plus t itself), and on a sliding-window layer the positions (t - W, t], as
-Transformers' window does. Nothing of `randkv.hf` runs here: only `randkv.spec` and the model.
+Transformers' window does; a hybrid model's state layers (Gated DeltaNet, Mamba2) run as
+Transformers runs them, over every token. Nothing of `randkv.hf` runs here: only
+`randkv.spec` and the model.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def recompute_logprobs(
     n = len(sequence)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     for layer, kind in enumerate(layer_types):
+        if kind != "full_attention" and kind != "sliding_attention":
+            continue  # a state (or MLP) layer: no attention, no mask
         if kind == "sliding_attention":
             window = causal & ~torch.ones(n, n, dtype=torch.bool).tril(-text.sliding_window)
             _MASKS[layer] = window[None].expand(text.num_key_value_heads, n, n)

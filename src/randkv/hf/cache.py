@@ -282,7 +282,9 @@ class RandKVCache(Cache):
         kinds = getattr(text, "layer_types", None) or []
         #: The layers whose `update` a forward calls (full and sliding attention), in order.
         self._kv_layer_ids: tuple[int, ...] = tuple(
-            i for i in range(self.num_layers) if i >= len(kinds) or kinds[i] not in STATE_LAYER_TYPES
+            i
+            for i in range(self.num_layers)
+            if i >= len(kinds) or kinds[i] not in STATE_LAYER_TYPES
         )
         for i in range(self.num_layers):
             if i in self._ordinal:

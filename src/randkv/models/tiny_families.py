@@ -53,15 +53,18 @@ def _qwen3_next_config(num_layers: int) -> dict[str, Any]:
         "intermediate_size": 256,
         "num_hidden_layers": num_layers,
         "layer_types": layer_types,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
+        # Four KV heads of 128: vLLM raises the block size to 64 tokens so a Gated DeltaNet
+        # state fits one block's page (with one head, 160: prompts that long for a prefix
+        # hit leave little for rounds to evict under a small K).
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
         "head_dim": 128,
         "partial_rotary_factor": 0.25,
         "linear_conv_kernel_dim": 4,
         "linear_key_head_dim": 128,
         "linear_value_head_dim": 128,
         "linear_num_key_heads": 1,
-        "linear_num_value_heads": 2,
+        "linear_num_value_heads": 1,
         # vLLM's Qwen3-Next needs at least one MoE layer.
         "num_experts": 2,
         "num_experts_per_tok": 1,
@@ -115,16 +118,21 @@ class TinyFamily:
 
     embed_std: the token embeddings' scale. Where it is too large beside what the mixers add
     to the residual stream, the next token is a function of the current one and greedy
-    decoding falls into short cycles (Qwen3-Next at 1.0)."""
+    decoding falls into short cycles (Qwen3-Next at 1.0).
+    qk_norm_weight: the attention's query/key norm weights (None: Transformers' own). They set
+    how sharply attention picks keys; Qwen3-Next's zero-centred norms (gain 1 + weight) at
+    their default 0 leave its one full-attention layer too flat to matter: greedy tokens
+    then barely depend on which keys are kept, and a test of evictions could not fail."""
 
     make_config: Callable[[int], dict[str, Any]]
     num_layers: int
     dtype: str
     embed_std: float = 1.0
+    qk_norm_weight: float | None = None
 
 
 FAMILIES: dict[str, TinyFamily] = {
-    "qwen3_next": TinyFamily(_qwen3_next_config, 4, "bfloat16", embed_std=0.3),
+    "qwen3_next": TinyFamily(_qwen3_next_config, 4, "bfloat16", embed_std=0.3, qk_norm_weight=2.0),
     "nemotron_h": TinyFamily(_nemotron_h_config, 6, "float32"),
 }
 
@@ -185,14 +193,15 @@ def _write_model(
     config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _redraw_weights(model, seed, family.embed_std)
+    _redraw_weights(model, seed, family)
     model.to(getattr(torch, family.dtype)).save_pretrained(folder)
 
 
-def _redraw_weights(model: Any, seed: int, embed_std: float) -> None:
+def _redraw_weights(model: Any, seed: int, family: TinyFamily) -> None:
     """Weights at scales where the next token depends on the context: embeddings of unit
     size, projections that keep activations at unit size, logits with a spread of about 4.
-    Norm weights, Mamba/DeltaNet decay and step parameters keep Transformers' values."""
+    Norm weights (but the attention's query/key norms, `TinyFamily.qk_norm_weight`),
+    Mamba/DeltaNet decay and step parameters keep Transformers' values."""
     import torch
 
     gen = torch.Generator(device="cpu")
@@ -201,7 +210,7 @@ def _redraw_weights(model: Any, seed: int, embed_std: float) -> None:
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if name.endswith("embed_tokens.weight"):
-                param.copy_(torch.randn(param.shape, generator=gen) * embed_std)
+                param.copy_(torch.randn(param.shape, generator=gen) * family.embed_std)
             elif name == "lm_head.weight":
                 logits = torch.randn(param.shape, generator=gen) * (4.0 / math.sqrt(hidden))
                 logits[256:] = 0.0  # never the special tokens: no early end of sequence
@@ -210,6 +219,10 @@ def _redraw_weights(model: Any, seed: int, embed_std: float) -> None:
                 printable[0x0A] = True
                 logits[~printable] = 0.0
                 param.copy_(logits)
+            elif family.qk_norm_weight is not None and name.endswith(
+                ("q_norm.weight", "k_norm.weight")
+            ):
+                param.fill_(family.qk_norm_weight)
             elif param.dim() == 2 and "gate.weight" not in name:
                 fan_in = param.shape[1]
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
