@@ -83,8 +83,8 @@ def test_evictions_change_the_answer(model, batch_new):
         assert dense[0, len(prompt) :].tolist() != new
 
 
-def test_slot_maps_are_the_specs(model, batch_new):
-    prompt, new = PROMPTS[1], batch_new[1]
+def test_slot_maps_are_the_specs(model):
+    prompt = PROMPTS[1]
     key = request_key_from_content(prompt)
     cache = rh.RandKVCache(model, CONFIG, request_keys=[key])
     rh.generate(

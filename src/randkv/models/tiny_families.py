@@ -219,10 +219,9 @@ def _redraw_weights(model: Any, seed: int, family: TinyFamily) -> None:
                 printable[0x0A] = True
                 logits[~printable] = 0.0
                 param.copy_(logits)
-            elif family.qk_norm_weight is not None and name.endswith(
-                ("q_norm.weight", "k_norm.weight")
-            ):
-                param.fill_(family.qk_norm_weight)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                if family.qk_norm_weight is not None:
+                    param.fill_(family.qk_norm_weight)
             elif param.dim() == 2 and "gate.weight" not in name:
                 fan_in = param.shape[1]
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
