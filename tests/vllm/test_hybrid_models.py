@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from v2_runner import v2_requested
 
 pytest.importorskip("vllm")
 
 from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
 from randkv.models.tiny_families import FAMILIES, build_tiny_family_checkpoint  # noqa: E402
 
-pytestmark = [pytest.mark.vllm]
+# The V2 leg runs them too (its second half: about 4 minutes in Triton's interpreter).
+pytestmark = [pytest.mark.vllm, pytest.mark.v2]
 
 KEYS = ("hybrid-one", "hybrid-two")
 
@@ -61,6 +63,7 @@ def _run_engine(folder: str, family: str, config: RandKVConfig, prompts, new_tok
             type(g.kv_cache_spec).__name__ for g in scheduler.kv_cache_config.kv_cache_groups
         ],
         "block_size": scheduler.kv_cache_manager.block_size,
+        "scheduler": type(scheduler).__name__,
     }
     llm.generate(requests[:1], params(KEYS[0]))
     again = llm.generate(requests[:1], params(KEYS[0]))[0]
@@ -184,6 +187,27 @@ def test_nemotron_h_gives_the_adapters_tokens_and_the_specs_slots(
     assert run["again"] == run["tokens"][0]  # after every other request has finished
 
 
+@pytest.mark.engine
+def test_nemotron_h_under_async_scheduling_gives_the_tokens_and_slots_of_sync(
+    nemotron_folder, nemotron_run
+) -> None:
+    """vLLM's async scheduling (its default on GPUs; lifted for this test on CPU): the same
+    tokens, slot maps and bounds as the synchronous run, preemptions included."""
+    from async_scheduling import cpu_async_scheduling
+
+    prompts, sync = nemotron_run
+    with cpu_async_scheduling():
+        run = _run_engine(
+            nemotron_folder, NEMOTRON, NEMOTRON_CONFIG, prompts, NEMOTRON_TOKENS,
+            async_scheduling=True, **NEMOTRON_ENGINE,
+        )  # fmt: skip
+    assert run["scheduler"] == "RandKVAsyncScheduler"
+    assert run["tokens"] == sync["tokens"] and run["twins"] == sync["twins"]
+    assert run["slots"] == sync["slots"]
+    assert [s.rounds for s in run["stats"]] == [s.rounds for s in sync["stats"]]
+    _assert_blocks_bounded_and_returned(run, NEMOTRON_CONFIG)
+
+
 # ------------------------------------------------------------------------- Qwen3-Next
 
 QWEN3_NEXT = "qwen3_next"
@@ -299,3 +323,37 @@ def test_qwen3_next_prefix_cache_holds_prompt_blocks_only(qwen3_next_run) -> Non
     cached = run["again_cached"]
     assert cached >= block and cached % block == 0
     assert cached <= len(prompts[0]) // block * block  # prompt blocks only
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(v2_requested(), reason="plain vLLM's own behaviour: checked on the V1 leg")
+def test_qwen3_next_before_the_first_round_is_plain_vllm(qwen3_next_folder) -> None:
+    """RandKV at K=64, r=16 on the tiny Qwen3-Next: until a request's first round its tokens
+    are plain vLLM's (same engine settings, same kernels), then rounds fire and its
+    full-attention blocks stay within those of K + 2r."""
+    import vllm
+    from vllm import SamplingParams
+
+    from randkv.vllm import LLM
+
+    config = RandKVConfig(budget=64, buffer_size=16)
+    prompts = _prompts(40, 47)
+    engine = dict(QWEN3_NEXT_ENGINE, num_gpu_blocks_override=64, dtype="bfloat16", seed=0)
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    requests = [{"prompt_token_ids": ids} for ids in prompts]
+    plain = vllm.LLM(model=qwen3_next_folder, **engine)
+    expected = [list(o.outputs[0].token_ids) for o in plain.generate(requests, params)]
+    plain.llm_engine.engine_core.shutdown()
+    del plain
+    llm = LLM(model=qwen3_next_folder, randkv=config, **engine)
+    outputs = llm.generate(requests, params)
+    block = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_size
+    for ids, output, want in zip(prompts, outputs, expected, strict=True):
+        first_round = config.max_physical_length - len(ids)  # tokens generated before it
+        got = list(output.outputs[0].token_ids)
+        assert got[:first_round] == want[:first_round]
+        stats = llm.randkv_request_stats(output.request_id)
+        assert stats.rounds >= 4
+        assert stats.blocks_held <= -(-config.max_physical_length // block)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
