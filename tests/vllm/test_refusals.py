@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.vllm]
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"speculative_config": {"method": "deepseek_mtp"}}, "MTP speculation .* MLA and hybrid"),
+        ({"speculative_config": {"method": "deepseek_mtp"}}, "MTP speculation .* hybrid and MLA"),
         ({"speculative_config": {"method": "mtp"}}, "MTP speculation"),
         ({"speculative_config": {"method": "dflash"}}, "this speculation method"),
         ({"kv_transfer_config": {"kv_connector": "x"}}, "KV transfer"),

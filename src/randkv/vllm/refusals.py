@@ -91,8 +91,8 @@ def _drafts_outrun_buffer(vllm_config: Any) -> bool:
 
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(
-        "MTP speculation (its heads ship with MLA and hybrid model families, which RandKV "
-        "does not serve yet)",
+        "MTP speculation (its layer writes KV beside the target's, on hybrid and MLA model "
+        "families; its placement under RandKV is not verified yet)",
         lambda c: (
             c.speculative_config is not None and _is_mtp(_speculation_method(c.speculative_config))
         ),

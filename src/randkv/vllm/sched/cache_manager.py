@@ -67,6 +67,7 @@ class RandKVCacheManager(KVCacheManager):
     #: vLLM's managers of the groups it runs at absolute lengths (`KVGroupLayout.absolute`:
     #: a mixed model's sliding windows, a hybrid model's states).
     absolute_managers: list[SingleTypeKVCacheManager]
+    absolute_cap_blocks: int
     randkv_prefill_end_keyword: bool
 
     def randkv_attach(
@@ -75,8 +76,13 @@ class RandKVCacheManager(KVCacheManager):
         rounds: dict[str, RequestRounds],
         metrics: RandKVRecorder,
         layout: KVGroupLayout,
+        absolute_cap_blocks: int = 0,
     ) -> None:
+        """`absolute_cap_blocks`: the most blocks a request holds at once in the window and
+        state groups (`kv_groups.absolute_group_cap_blocks`), reserved by footprint
+        admission."""
         self.randkv = config
+        self.absolute_cap_blocks = absolute_cap_blocks
         self.rounds = rounds
         self.metrics = metrics
         self.layout = layout
@@ -142,15 +148,13 @@ class RandKVCacheManager(KVCacheManager):
         admitting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         if admitting and self.randkv.admission == "footprint":
             # Admit only what the pool holds with every admitted request at its largest
-            # footprint: no preemption for growth RandKV can foresee. (With nothing else
+            # footprint (its full-attention K + 2r, and what vLLM's window and state groups
+            # hold at most): no preemption for growth RandKV can foresee. (With nothing else
             # admitted, the request runs whatever its footprint: the pool is all its own.)
             growth = self._randkv_reserved_growth(request.request_id)
             if growth is not None:
-                windows = self.randkv_absolute_blocks_to_allocate(
-                    request, computed, request.num_tokens + num_lookahead_tokens, hits,
-                    admission=True,
-                )  # fmt: skip
-                need = state.footprint_blocks - step.keep_blocks + windows + growth
+                held = step.keep_blocks + self._randkv_absolute_held(request.request_id)
+                need = state.footprint_blocks + self.absolute_cap_blocks - held + growth
                 if need + watermark > free:
                     return None
         elif full_sequence_must_fit:
@@ -215,16 +219,29 @@ class RandKVCacheManager(KVCacheManager):
 
     def _randkv_reserved_growth(self, admitting: str) -> int | None:
         """Blocks the admitted requests (those holding full-attention blocks, other than
-        `admitting`) may still take before they reach their footprints; None when none is
-        admitted."""
+        `admitting`) may still take before they reach their footprints, in every group;
+        None when none is admitted."""
         growth, admitted = 0, False
         for request_id, blocks in self.full_manager.req_to_blocks.items():
             state = self.rounds.get(request_id)
             if request_id == admitting or state is None or not blocks:
                 continue
             admitted = True
-            growth += max(0, state.footprint_blocks - len(blocks))
+            footprint = state.footprint_blocks + self.absolute_cap_blocks
+            held = len(blocks) + self._randkv_absolute_held(request_id)
+            growth += max(0, footprint - held)
         return growth if admitted else None
+
+    def _randkv_absolute_held(self, request_id: str) -> int:
+        """Blocks a request holds now in the window and state groups (not vLLM's null
+        block, which their lists keep where they hold none)."""
+        null = self.block_pool.null_block
+        return sum(
+            1
+            for manager in self.absolute_managers
+            for block in manager.req_to_blocks.get(request_id, ())
+            if block is not null
+        )
 
     def randkv_absolute_blocks_to_allocate(
         self,

@@ -118,3 +118,16 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
             "when the model has no more full-attention layers than it puts in a group)"
         )
     return KVGroupLayout(randkv=full[0], windows=tuple(windows), states=tuple(states))
+
+
+def absolute_group_cap_blocks(kv_cache_config: Any, vllm_config: Any, layout: KVGroupLayout) -> int:
+    """The most blocks one request can hold at once in the groups vLLM runs at absolute
+    lengths, summed over them (vLLM's own bound for each: a window and a step, or a state
+    with its checkpoints): what footprint admission reserves beside the full-attention
+    group's K + 2r."""
+    groups = kv_cache_config.kv_cache_groups
+    total = 0
+    for group in layout.absolute:
+        spec = groups[group].kv_cache_spec
+        total += cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
+    return total

