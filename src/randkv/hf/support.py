@@ -103,9 +103,9 @@ def unsupported_reason(config: Any) -> str | None:
                     "state layers ('linear_attention', 'conv', 'mlp', 'moe')"
                 )
         if _FULL_ATTENTION not in layer_types:
-            kinds = sorted(set(layer_types))
+            kinds = " or ".join(repr(kind) for kind in sorted(set(layer_types)))
             return (
-                f"no layer of this {name} model is 'full_attention' ({kinds}; sliding_window="
+                f"every layer of this {name} model is {kinds} (sliding_window="
                 f"{_get(text, 'sliding_window', None)}): its memory is already bounded by the "
                 "window or fixed-size states, and RandKV has no full-attention layer to bound"
             )

@@ -123,7 +123,7 @@ class V2RunnerMixin(RandKVRunnerMixin):
         never takes this path: its kernel is CUDA-only.)"""
         context = getattr(getattr(self, "model_state", None), "_mamba_ctx", None)
         compute = getattr(context, "compute_aligned_state_indices", None)
-        if compute is None:
+        if context is None or compute is None:
             return
         lengths = self.randkv.window_lengths
 
