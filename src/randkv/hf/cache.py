@@ -267,8 +267,13 @@ class RandKVCache(Cache):
         #: The model's layers RandKV bounds (full attention), in order; the others slide.
         self.layer_ids: tuple[int, ...] = randkv_layers(config)
         self._ordinal = {layer: j for j, layer in enumerate(self.layer_ids)}
-        self.num_kv_heads = int(
-            getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        # MLA (DeepSeek-V2/V3 line): one latent row per token, shared by every head, is
+        # what Transformers caches: keys the 512-value latent, values the 64 RoPE values.
+        # One "KV head" per layer.
+        self.num_kv_heads = (
+            1
+            if getattr(text, "kv_lora_rank", None)
+            else int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
         )
         self.request_keys = keys
         self.track_positions = track_positions

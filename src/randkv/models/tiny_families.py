@@ -112,6 +112,40 @@ def _nemotron_h_config(num_layers: int) -> dict[str, Any]:
     }
 
 
+def _deepseek_v3_config(num_layers: int) -> dict[str, Any]:
+    # MLA at DeepSeek's real latent sizes (512 + 64: vLLM's CPU MLA kernel takes no other);
+    # every layer dense (first_k_dense_replace covers them all): no MoE to build.
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 32,
+        "v_head_dim": 32,
+        "n_routed_experts": 2,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": num_layers,
+        "num_nextn_predict_layers": 0,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "rope_theta": 10000.0,
+        "rope_interleave": True,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+
+
 @dataclass(frozen=True)
 class TinyFamily:
     """How to build one family's tiny checkpoint.
@@ -122,18 +156,28 @@ class TinyFamily:
     qk_norm_weight: the attention's query/key norm weights (None: Transformers' own). They set
     how sharply attention picks keys; Qwen3-Next's zero-centred norms (gain 1 + weight) at
     their default 0 leave its one full-attention layer too flat to matter: greedy tokens
-    then barely depend on which keys are kept, and a test of evictions could not fail."""
+    then barely depend on which keys are kept, and a test of evictions could not fail.
+    projection_gains: (name suffix, gain) pairs: those weights are scaled after the redraw;
+    DeepSeek's query and latent up-projections at 3x make its MLA attention sharp enough
+    (at 1x greedy decoding cycles through a handful of tokens)."""
 
     make_config: Callable[[int], dict[str, Any]]
     num_layers: int
     dtype: str
     embed_std: float = 1.0
     qk_norm_weight: float | None = None
+    projection_gains: tuple[tuple[str, float], ...] = ()
 
 
 FAMILIES: dict[str, TinyFamily] = {
     "qwen3_next": TinyFamily(_qwen3_next_config, 4, "bfloat16", embed_std=0.3, qk_norm_weight=2.0),
     "nemotron_h": TinyFamily(_nemotron_h_config, 6, "float32"),
+    "deepseek_v3": TinyFamily(
+        _deepseek_v3_config,
+        2,
+        "float32",
+        projection_gains=(("q_proj.weight", 3.0), ("kv_b_proj.weight", 3.0)),
+    ),
 }
 
 
@@ -225,3 +269,6 @@ def _redraw_weights(model: Any, seed: int, family: TinyFamily) -> None:
             elif param.dim() == 2 and "gate.weight" not in name:
                 fan_in = param.shape[1]
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
+                for suffix, gain in family.projection_gains:
+                    if name.endswith(suffix):
+                        param.mul_(gain)

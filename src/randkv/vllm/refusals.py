@@ -136,7 +136,6 @@ REFUSALS: tuple[Refusal, ...] = (
         advice="RandKV under vLLM pipeline parallelism is not verified (vLLM 0.28.0's CPU "
         "pipeline parallel fails on its own); use tensor parallelism",
     ),
-    Refusal("MLA attention (one shared latent cache, not per-head KV)", _model("use_mla")),
     Refusal(
         "attention-free models (every layer state-space or linear: no KV cache grows with "
         "the sequence, nothing for RandKV to evict; serve them without RandKV)",

@@ -8,37 +8,55 @@ import dataclasses
 from typing import Any
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 
 from randkv.vllm.options import config_from_vllm
 from randkv.vllm.refusals import UnsupportedModeError
 
 
+def _bounded_memory_bytes(spec: FullAttentionSpec, vllm_config: Any) -> int:
+    """One request's most KV bytes under RandKV: K + 2r tokens of blocks (the largest K a
+    request may ask for), plus a drafter's lookahead under speculative decoding; under
+    `min_generated` a long prompt's own K grows with it, up to max_model_len."""
+    config = config_from_vllm(vllm_config)
+    tokens = vllm_config.model_config.max_model_len
+    if config is not None and config.min_generated is None:
+        lookahead = vllm_config.num_lookahead_tokens
+        bound = config.largest_budget + 2 * config.buffer_size + lookahead
+        tokens = min(tokens, bound)
+    return cdiv(tokens, spec.block_size) * spec.page_size_bytes
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RandKVFullAttentionSpec(FullAttentionSpec):
-    """Full attention whose per-request footprint is bounded by RandKV, not max_model_len.
-
-    vLLM's start-up check sizes one max_model_len sequence from this method; with RandKV
-    a request never holds more than K + 2r tokens of blocks (the largest K a request may ask
-    for), plus a drafter's lookahead under speculative decoding. Under `min_generated` a long
-    prompt's own K grows with it, up to max_model_len.
-    """
+    """Full attention whose per-request footprint is bounded by RandKV, not max_model_len
+    (vLLM's start-up check sizes one max_model_len sequence from this method)."""
 
     def max_memory_usage_bytes(self, vllm_config: Any) -> int:
-        config = config_from_vllm(vllm_config)
-        tokens = vllm_config.model_config.max_model_len
-        if config is not None and config.min_generated is None:
-            lookahead = vllm_config.num_lookahead_tokens
-            bound = config.largest_budget + 2 * config.buffer_size + lookahead
-            tokens = min(tokens, bound)
-        return cdiv(tokens, self.block_size) * self.page_size_bytes
+        return _bounded_memory_bytes(self, vllm_config)
 
 
-def bounded_spec(spec: FullAttentionSpec) -> RandKVFullAttentionSpec:
-    """`spec` as a RandKVFullAttentionSpec (dataclasses.replace cannot change the class)."""
-    return RandKVFullAttentionSpec(
-        **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RandKVMLAAttentionSpec(MLAAttentionSpec):
+    """MLA's latent cache (one row per token shared by every head: DeepSeek-V2/V3, Kimi K2),
+    bounded by RandKV like full attention."""
+
+    def max_memory_usage_bytes(self, vllm_config: Any) -> int:
+        return _bounded_memory_bytes(self, vllm_config)
+
+
+def bounded_spec(spec: FullAttentionSpec) -> FullAttentionSpec:
+    """`spec` as RandKV's bounded spec of its kind (dataclasses.replace cannot change the
+    class): a latent (MLA) spec stays one, so vLLM's MLA managers and checks still apply."""
+    bounded = (
+        RandKVMLAAttentionSpec if isinstance(spec, MLAAttentionSpec) else RandKVFullAttentionSpec
     )
+    return bounded(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +87,24 @@ EVERY_LAYER_SLIDES = (
 
 
 def is_randkv_spec(spec: Any) -> bool:
-    """Full attention without a window or chunks: the layers RandKV evicts from."""
+    """Full attention (or MLA's latent cache) without a window or chunks: the layers RandKV
+    evicts from."""
     return (
-        type(spec) in (FullAttentionSpec, RandKVFullAttentionSpec)
+        (type(spec) in (FullAttentionSpec, RandKVFullAttentionSpec) or is_latent_spec(spec))
         and not getattr(spec, "sliding_window", None)
         and not getattr(spec, "attention_chunk_size", None)
+    )
+
+
+def is_latent_spec(spec: Any) -> bool:
+    """MLA's plain latent cache (DeepSeek-V2/V3, Kimi K2: every kept token attended), not
+    DeepSeek V3.2/V4's sparse-attention caches (an indexer picks which tokens attend, from
+    cached index keys RandKV would have to move in step; compressed or aligned rows)."""
+    return (
+        type(spec) in (MLAAttentionSpec, RandKVMLAAttentionSpec)
+        and getattr(spec, "model_version", None) is None
+        and getattr(spec, "alignment", None) is None
+        and getattr(spec, "compress_ratio", 1) == 1  # vLLM 0.28's field; 1: uncompressed
     )
 
 

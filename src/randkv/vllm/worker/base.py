@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
 from randkv.kernels.compactor import KVLayout
 from randkv.vllm.options import NO_CONFIG, config_from_vllm
@@ -19,6 +19,7 @@ from randkv.vllm.refusals import UnsupportedModeError
 from randkv.vllm.sched.kv_groups import (
     EVERY_LAYER_SLIDES,
     bounded_spec,
+    is_latent_spec,
     is_state_spec,
     is_window_spec,
 )
@@ -54,6 +55,16 @@ class RandKVWorkerMixin:
                 # A mixed model's window layer, a hybrid model's state layer: vLLM bounds it.
                 wrapped[name] = spec
                 continue
+            if is_latent_spec(spec):  # MLA: one latent row per token, bounded the same way
+                wrapped[name] = bounded_spec(spec)
+                continue
+            if isinstance(spec, MLAAttentionSpec):
+                raise UnsupportedModeError(
+                    f"RandKV supports MLA's plain latent cache (DeepSeek-V2/V3, Kimi K2); layer "
+                    f"{name} is a sparse-attention or compressed MLA cache (DeepSeek V3.2/V4: "
+                    "an indexer picks the tokens each query reads, from caches RandKV does "
+                    "not move); serve this model without RandKV"
+                )
             if type(spec) is not FullAttentionSpec or spec.sliding_window is not None:
                 raise UnsupportedModeError(
                     f"RandKV supports full attention, with sliding-window attention or "

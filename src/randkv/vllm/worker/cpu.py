@@ -34,6 +34,10 @@ class RandKVCPUWorker(RandKVWorkerMixin, CPUWorker):
             )
 
     def randkv_layout(self) -> KVLayout:
+        if self.vllm_config.model_config.use_mla:
+            # vLLM's CPU MLA cache: (blocks, block_size, latent + RoPE), one row per token
+            # (no ISA: its kernels do not pack KV); viewed with one head axis.
+            return KVLayout.BLOCK_HEAD_SLOT
         context = self.vllm_config.compilation_config.static_forward_context
         return cpu_kv_layout(attention_isas(context))
 

@@ -79,7 +79,7 @@ class RandKVRunnerMixin:
         context = self.compilation_config.static_forward_context
         by_index = {global_layer_index(name, target_layers): name for name in names}
         ordered = kv_cache_layer_indices(names, target_layers)
-        return ordered, [context[by_index[i]].kv_cache for i in ordered]
+        return ordered, [_with_head_axis(context[by_index[i]].kv_cache) for i in ordered]
 
     def randkv_attention_backend_name(self) -> str:
         """The name of vLLM's attention backend for the full-attention KV cache group."""
@@ -114,10 +114,13 @@ class RandKVRunnerMixin:
         layers, caches = self.randkv_layer_caches(groups.randkv)
         head_axis = 3 if layout is KVLayout.KV_BLOCK_SLOT_HEAD else 1
         tp_rank = get_tensor_model_parallel_rank()
+        # MLA: one latent row per token, shared by every head and replicated on every rank:
+        # the spec's draws with one head per layer (docs/spec.md, "MLA").
+        total_heads = 1 if self.model_config.use_mla else self.model_config.get_total_num_kv_heads()
         shard = kv_head_shard(
             tp_rank,
             get_tensor_model_parallel_world_size(),
-            self.model_config.get_total_num_kv_heads(),
+            total_heads,
             caches[0].shape[head_axis],
         )
         # Per-request events (rounds) are published by rank 0 only; work by every rank.
@@ -174,3 +177,11 @@ class RandKVRunnerMixin:
         """Slot -> position maps of the tracked requests among `req_ids`."""
         rounds = self.randkv.rounds
         return self.randkv.records.slot_positions(req_ids, rounds.layers, rounds.kv_heads)
+
+
+def _with_head_axis(cache: torch.Tensor) -> torch.Tensor:
+    """A layer's KV cache with a KV-head axis: MLA's latent cache, (blocks, block_size,
+    latent + RoPE), is a one-head `BLOCK_HEAD_SLOT` cache (a view: compaction writes
+    through). The RoPE part moves with its row: it was rotated at its original position,
+    as GQA keys are."""
+    return cache.unsqueeze(1) if cache.dim() == 3 else cache
