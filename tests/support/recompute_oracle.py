@@ -52,8 +52,10 @@ def recompute_logprobs(
             window = causal & ~torch.ones(n, n, dtype=torch.bool).tril(-text.sliding_window)
             _MASKS[layer] = window[None].expand(text.num_key_value_heads, n, n)
             continue
-        mask = torch.zeros(text.num_key_value_heads, n, n, dtype=torch.bool)
-        for head in range(text.num_key_value_heads):
+        # MLA: one latent row per token shared by every head, one set per layer (kv_head 0).
+        heads = 1 if getattr(text, "kv_lora_rank", None) else text.num_key_value_heads
+        mask = torch.zeros(heads, n, n, dtype=torch.bool)
+        for head in range(heads):
             for t in range(n):
                 held = spec.retained_positions(
                     config,

@@ -19,114 +19,20 @@ from v2_runner import v2_requested
 
 pytest.importorskip("vllm")
 
-from randkv import RandKVConfig, request_key_from_text, slot_positions  # noqa: E402
-from randkv.models.tiny_families import FAMILIES, build_tiny_family_checkpoint  # noqa: E402
+from family_engines import (  # noqa: E402
+    KEYS,
+    adapter_caches,
+    assert_blocks_bounded_and_returned,
+    assert_slots_are_the_specs,
+    byte_prompts,
+    run_engine,
+)
+
+from randkv import RandKVConfig  # noqa: E402
+from randkv.models.tiny_families import build_tiny_family_checkpoint  # noqa: E402
 
 # The V2 leg runs them too (its second half: about 4 minutes in Triton's interpreter).
 pytestmark = [pytest.mark.vllm, pytest.mark.v2]
-
-KEYS = ("hybrid-one", "hybrid-two")
-
-
-def _prompts(*lengths: int) -> list[list[int]]:
-    """Printable byte prompts of these lengths (different texts)."""
-    return [[32 + (7 * i + 3 * j * (i + 1)) % 90 for j in range(n)] for i, n in enumerate(lengths)]
-
-
-def _run_engine(folder: str, family: str, config: RandKVConfig, prompts, new_tokens, **engine):
-    """Each prompt twice with the same key (4 requests at once: a small pool preempts some),
-    then the first prompt again, twice (the second a prefix-cache hit where caching is on,
-    whatever the pool's pressure left cached before)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from randkv.vllm import LLM
-
-    llm = LLM(model=folder, randkv=config, dtype=FAMILIES[family].dtype, seed=0, **engine)
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-
-    def params(key: str) -> SamplingParams:
-        return SamplingParams(
-            temperature=0, max_tokens=new_tokens, ignore_eos=True, extra_args={"randkv_key": key}
-        )
-
-    requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
-    outputs = llm.generate(requests * 2, [params(k) for k in KEYS] * 2)
-    first = outputs[: len(KEYS)]
-    run = {
-        "tokens": [list(o.outputs[0].token_ids) for o in first],
-        "twins": [list(o.outputs[0].token_ids) for o in outputs[len(KEYS) :]],
-        "slots": [llm.randkv_slot_positions(o.request_id) for o in first],
-        "stats": [llm.randkv_request_stats(o.request_id) for o in first],
-        "counters": dict(scheduler.counters),
-        "groups": [
-            type(g.kv_cache_spec).__name__ for g in scheduler.kv_cache_config.kv_cache_groups
-        ],
-        "block_size": scheduler.kv_cache_manager.block_size,
-        "scheduler": type(scheduler).__name__,
-    }
-    llm.generate(requests[:1], params(KEYS[0]))
-    again = llm.generate(requests[:1], params(KEYS[0]))[0]
-    run["again"] = list(again.outputs[0].token_ids)
-    run["again_cached"] = again.num_cached_tokens
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    run["held_after"] = [sum(map(len, m.req_to_blocks.values())) for m in managers]
-    run["free_after"] = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-    run["pool"] = engine["num_gpu_blocks_override"]
-    llm.llm_engine.engine_core.shutdown()  # before the next engine starts (conftest.py)
-    del llm
-    return run
-
-
-def _adapter_caches(folder: str, family: str, config, prompts, tokens):
-    """Teacher-forced through the Transformers adapter: the log-probabilities it gives each of
-    the engine's tokens, and its caches (for the slot maps)."""
-    from transformers import AutoModelForCausalLM
-
-    from randkv.hf import RandKVCache
-    from randkv.hf.scoring import score_sequences
-
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, FAMILIES[family].dtype)
-    )
-    runs = []
-    for ids, generated, key in zip(prompts, tokens, KEYS, strict=True):
-        cache = RandKVCache(model, config, request_keys=[key], prompt_lengths=[len(ids)])
-        scores: dict[int, torch.Tensor] = {}
-
-        def keep(start: int, logprobs: torch.Tensor) -> None:
-            for j in range(logprobs.shape[1]):
-                scores[start + 1 + j] = logprobs[0, j]  # noqa: B023
-
-        with torch.inference_mode():
-            score_sequences(model, torch.tensor([ids + generated]), cache, keep)
-        runs.append((scores, cache))
-    return model, runs
-
-
-def _assert_slots_are_the_specs(run, prompts, config, caches, new_tokens) -> None:
-    for i, (ids, key) in enumerate(zip(prompts, KEYS, strict=True)):
-        cache = caches[i]
-        slots = run["slots"][i]
-        assert len(slots) == len(cache.layer_ids)
-        seen = len(ids) + new_tokens - 1  # the last token is sampled, never cached
-        for ordinal, layer in enumerate(cache.layer_ids):
-            spec = slot_positions(
-                config, prompt_length=len(ids), tokens_seen=seen,
-                request_key=request_key_from_text(key), layer=layer, kv_head=0,
-            )  # fmt: skip
-            assert tuple(slots[ordinal][0]) == spec
-
-
-def _assert_blocks_bounded_and_returned(run, config) -> None:
-    block = run["block_size"]
-    for stats in run["stats"]:
-        assert stats.blocks_held <= -(-(config.max_physical_length - 1) // block)
-        assert stats.blocks_held < -(-stats.tokens_seen // block)  # plain vLLM holds them all
-    assert run["counters"]["preemptions"] >= 1, run["counters"]  # and the tokens still match
-    assert run["held_after"] == [0] * len(run["groups"])  # every group's blocks given back
-    assert run["free_after"] == run["pool"] - 1  # vLLM's null block
-
 
 # ------------------------------------------------------------------------- Nemotron-H
 
@@ -152,8 +58,8 @@ def nemotron_folder() -> str:
 
 @pytest.fixture(scope="module")
 def nemotron_run(nemotron_folder):
-    prompts = _prompts(70, 77)
-    run = _run_engine(
+    prompts = byte_prompts(70, 77)
+    run = run_engine(
         nemotron_folder, NEMOTRON, NEMOTRON_CONFIG, prompts, NEMOTRON_TOKENS, **NEMOTRON_ENGINE
     )
     return prompts, run
@@ -167,7 +73,7 @@ def test_nemotron_h_gives_the_adapters_tokens_and_the_specs_slots(
 
     prompts, run = nemotron_run
     assert run["groups"] == ["MambaSpec", "RandKVFullAttentionSpec"]
-    model, teacher = _adapter_caches(
+    model, teacher = adapter_caches(
         nemotron_folder, NEMOTRON, NEMOTRON_CONFIG, prompts, run["tokens"]
     )
     for i, (ids, key) in enumerate(zip(prompts, KEYS, strict=True)):
@@ -182,8 +88,8 @@ def test_nemotron_h_gives_the_adapters_tokens_and_the_specs_slots(
         assert cache.layer_ids == (1, 4)
         assert run["stats"][i].rounds == cache.rounds(0) >= 8
     caches = [cache for _, cache in teacher]
-    _assert_slots_are_the_specs(run, prompts, NEMOTRON_CONFIG, caches, NEMOTRON_TOKENS)
-    _assert_blocks_bounded_and_returned(run, NEMOTRON_CONFIG)
+    assert_slots_are_the_specs(run, prompts, NEMOTRON_CONFIG, caches, NEMOTRON_TOKENS)
+    assert_blocks_bounded_and_returned(run, NEMOTRON_CONFIG)
     assert run["again"] == run["tokens"][0]  # after every other request has finished
 
 
@@ -197,7 +103,7 @@ def test_nemotron_h_under_async_scheduling_gives_the_tokens_and_slots_of_sync(
 
     prompts, sync = nemotron_run
     with cpu_async_scheduling():
-        run = _run_engine(
+        run = run_engine(
             nemotron_folder, NEMOTRON, NEMOTRON_CONFIG, prompts, NEMOTRON_TOKENS,
             async_scheduling=True, **NEMOTRON_ENGINE,
         )  # fmt: skip
@@ -205,7 +111,7 @@ def test_nemotron_h_under_async_scheduling_gives_the_tokens_and_slots_of_sync(
     assert run["tokens"] == sync["tokens"] and run["twins"] == sync["twins"]
     assert run["slots"] == sync["slots"]
     assert [s.rounds for s in run["stats"]] == [s.rounds for s in sync["stats"]]
-    _assert_blocks_bounded_and_returned(run, NEMOTRON_CONFIG)
+    assert_blocks_bounded_and_returned(run, NEMOTRON_CONFIG)
 
 
 # ------------------------------------------------------------------------- Qwen3-Next
@@ -243,8 +149,8 @@ def qwen3_next_folder() -> str:
 def qwen3_next_run(qwen3_next_folder):
     # The first prompt fills a block (a prefix hit when it comes again); the second grows
     # from one block to two, so four requests at once outgrow the pool.
-    prompts = _prompts(70, 40)
-    run = _run_engine(
+    prompts = byte_prompts(70, 40)
+    run = run_engine(
         qwen3_next_folder, QWEN3_NEXT, QWEN3_NEXT_CONFIG, prompts, QWEN3_NEXT_TOKENS,
         **QWEN3_NEXT_ENGINE,
     )  # fmt: skip
@@ -267,7 +173,7 @@ def test_qwen3_next_gives_the_adapters_tokens_and_the_specs_slots(
 ) -> None:
     prompts, run = qwen3_next_run
     assert run["groups"] == ["MambaSpec"] * 3 + ["RandKVFullAttentionSpec"]
-    model, teacher = _adapter_caches(
+    model, teacher = adapter_caches(
         qwen3_next_folder, QWEN3_NEXT, QWEN3_NEXT_CONFIG, prompts, run["tokens"]
     )
     for i, ids in enumerate(prompts):
@@ -283,8 +189,8 @@ def test_qwen3_next_gives_the_adapters_tokens_and_the_specs_slots(
         assert cache.layer_ids == (3,)
         assert run["stats"][i].rounds == cache.rounds(0) >= 5
     caches = [cache for _, cache in teacher]
-    _assert_slots_are_the_specs(run, prompts, QWEN3_NEXT_CONFIG, caches, QWEN3_NEXT_TOKENS)
-    _assert_blocks_bounded_and_returned(run, QWEN3_NEXT_CONFIG)
+    assert_slots_are_the_specs(run, prompts, QWEN3_NEXT_CONFIG, caches, QWEN3_NEXT_TOKENS)
+    assert_blocks_bounded_and_returned(run, QWEN3_NEXT_CONFIG)
 
 
 @pytest.mark.engine
@@ -337,7 +243,7 @@ def test_qwen3_next_before_the_first_round_is_plain_vllm(qwen3_next_folder) -> N
     from randkv.vllm import LLM
 
     config = RandKVConfig(budget=64, buffer_size=16)
-    prompts = _prompts(40, 47)
+    prompts = byte_prompts(40, 47)
     engine = dict(QWEN3_NEXT_ENGINE, num_gpu_blocks_override=64, dtype="bfloat16", seed=0)
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     requests = [{"prompt_token_ids": ids} for ids in prompts]

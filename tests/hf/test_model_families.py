@@ -1,6 +1,8 @@
-"""The Transformers adapter on hybrid models: RandKV on the full-attention layers, Transformers'
-own linear-attention state on the Gated DeltaNet (Qwen3-Next) and Mamba2 (Nemotron-H) layers,
-against the from-scratch oracle (recompute_oracle.py) and the spec.
+"""The Transformers adapter on the model families beyond dense GQA, against the from-scratch
+oracle (recompute_oracle.py) and the spec: hybrid models (RandKV on the full-attention layers,
+Transformers' own linear-attention state on the Gated DeltaNet layers of Qwen3-Next and the
+Mamba2 layers of Nemotron-H) and MLA (DeepSeek-V3: one latent "head" per layer, the spec's
+draws with kv_head 0).
 
 The tiny random checkpoints (`randkv.models.tiny_families`) run here in float32; a
 left-padded batch checks that pad columns stay out of the state layers.
@@ -21,7 +23,7 @@ PAD = 258
 CONFIG = RandKVConfig(budget=24, buffer_size=4, seed=3)  # K + 2r = 32
 PROMPTS = [[40 + (5 * j) % 60 for j in range(7)], [33 + (11 * j) % 80 for j in range(19)]]
 NEW_TOKENS = 40  # several rounds per row
-FULL_LAYERS = {"qwen3_next": (3,), "nemotron_h": (1, 4)}
+FULL_LAYERS = {"qwen3_next": (3,), "nemotron_h": (1, 4), "deepseek_v3": (0, 1)}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -93,7 +95,7 @@ def test_slot_maps_are_the_specs(model):
     )  # fmt: skip
     seen = len(prompt) + NEW_TOKENS - 1
     for layer in cache.layer_ids:
-        for head in range(model.config.num_key_value_heads):
+        for head in range(cache.num_kv_heads):
             want = spec.slot_positions(
                 CONFIG, prompt_length=len(prompt), tokens_seen=seen, request_key=key,
                 layer=layer, kv_head=head,
