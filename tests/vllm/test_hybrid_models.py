@@ -263,3 +263,57 @@ def test_qwen3_next_before_the_first_round_is_plain_vllm(qwen3_next_folder) -> N
         assert stats.blocks_held <= -(-config.max_physical_length // block)
     llm.llm_engine.engine_core.shutdown()
     del llm
+
+
+@pytest.mark.engine
+def test_nemotron_h_long_prompts_and_cancellation(nemotron_folder) -> None:
+    """A prompt longer than K (served under `min_generated` with its own K) gives the
+    adapter's tokens; requests cancelled mid-stream, rounds fired, give back every block
+    of every group (the Mamba2 state's included)."""
+    from vllm import SamplingParams
+
+    from randkv.hf import RandKVCache, generate
+    from randkv.vllm import LLM
+
+    config = RandKVConfig(budget=96, buffer_size=16, seed=7, min_generated=48)
+    (long,) = byte_prompts(150)
+    assert len(long) > config.budget
+    engine = dict(NEMOTRON_ENGINE, num_gpu_blocks_override=64, dtype="float32", seed=0)
+    llm = LLM(model=nemotron_folder, randkv=config, **engine)
+    params = SamplingParams(
+        temperature=0, max_tokens=120, ignore_eos=True, extra_args={"randkv_key": KEYS[0]}
+    )
+    output = llm.generate([{"prompt_token_ids": long}], params)[0]
+    assert llm.randkv_request_stats(output.request_id).rounds >= 3
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(nemotron_folder, dtype=torch.float32)
+    x = torch.tensor([long])
+    cache = RandKVCache.from_inputs(model, x, None, randkv=config, request_keys=[KEYS[0]])
+    want = generate(
+        model, x, randkv=config, cache=cache, max_new_tokens=120, do_sample=False,
+        eos_token_id=[],
+    )  # fmt: skip
+    assert list(output.outputs[0].token_ids) == want[0, len(long) :].tolist()
+
+    core = llm.llm_engine.engine_core.engine_core
+    scheduler, engine_client = core.scheduler, llm.llm_engine
+    pool = scheduler.kv_cache_manager.block_pool
+    free_before = pool.get_num_free_blocks()
+    for i, ids in enumerate(byte_prompts(40, 60, 80)):
+        engine_client.add_request(f"cancel-{i}", {"prompt_token_ids": ids}, params)
+    for _ in range(300):
+        engine_client.step()
+        if sum(r.num_computed_tokens for r in scheduler.requests.values()) > 3 * 140:
+            break
+    # Rounds have fired for the running requests (140 tokens each, past K + 2r = 128).
+    assert any(state.rounds_applied for state in scheduler.request_rounds.values())
+    engine_client.abort_request(["cancel-0", "cancel-1", "cancel-2"])
+    engine_client.step()
+    assert pool.get_num_free_blocks() == free_before
+    assert not scheduler.request_rounds
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    assert not any(m.req_to_blocks for m in managers)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
