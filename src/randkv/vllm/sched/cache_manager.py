@@ -19,7 +19,7 @@ from vllm.v1.request import Request, RequestStatus
 from randkv.spec.config import RandKVConfig
 from randkv.vllm.metrics import RandKVRecorder
 from randkv.vllm.sched.allocation import full_group_step, peak_blocks
-from randkv.vllm.sched.kv_groups import KVGroupLayout
+from randkv.vllm.sched.kv_groups import AbsoluteCaps, KVGroupLayout
 from randkv.vllm.sched.output import RoundDirective
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ class RandKVCacheManager(KVCacheManager):
     #: vLLM's managers of the groups it runs at absolute lengths (`KVGroupLayout.absolute`:
     #: a mixed model's sliding windows, a hybrid model's states).
     absolute_managers: list[SingleTypeKVCacheManager]
-    absolute_cap_blocks: int
+    absolute_caps: AbsoluteCaps
+    requests: dict[str, Request]
     randkv_prefill_end_keyword: bool
 
     def randkv_attach(
@@ -76,13 +77,15 @@ class RandKVCacheManager(KVCacheManager):
         rounds: dict[str, RequestRounds],
         metrics: RandKVRecorder,
         layout: KVGroupLayout,
-        absolute_cap_blocks: int = 0,
+        requests: dict[str, Request],
+        absolute_caps: AbsoluteCaps | None = None,
     ) -> None:
-        """`absolute_cap_blocks`: the most blocks a request holds at once in the window and
-        state groups (`kv_groups.absolute_group_cap_blocks`), reserved by footprint
-        admission."""
+        """`requests`: the scheduler's; `absolute_caps`: the most blocks a request holds at
+        once in the window and state groups (`kv_groups.absolute_group_caps`), reserved by
+        footprint admission."""
         self.randkv = config
-        self.absolute_cap_blocks = absolute_cap_blocks
+        self.requests = requests
+        self.absolute_caps = absolute_caps or AbsoluteCaps()
         self.rounds = rounds
         self.metrics = metrics
         self.layout = layout
@@ -154,7 +157,7 @@ class RandKVCacheManager(KVCacheManager):
             growth = self._randkv_reserved_growth(request.request_id)
             if growth is not None:
                 held = step.keep_blocks + self._randkv_absolute_held(request.request_id)
-                need = state.footprint_blocks + self.absolute_cap_blocks - held + growth
+                need = state.footprint_blocks + self.absolute_caps.prefill - held + growth
                 if need + watermark > free:
                     return None
         elif full_sequence_must_fit:
@@ -227,7 +230,10 @@ class RandKVCacheManager(KVCacheManager):
             if request_id == admitting or state is None or not blocks:
                 continue
             admitted = True
-            footprint = state.footprint_blocks + self.absolute_cap_blocks
+            request = self.requests.get(request_id)
+            prefilling = request is None or request.num_computed_tokens < request.num_tokens - 1
+            caps = self.absolute_caps
+            footprint = state.footprint_blocks + (caps.prefill if prefilling else caps.decode)
             held = len(blocks) + self._randkv_absolute_held(request_id)
             growth += max(0, footprint - held)
         return growth if admitted else None

@@ -151,14 +151,34 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
     return KVGroupLayout(randkv=full[0], windows=tuple(windows), states=tuple(states))
 
 
-def absolute_group_cap_blocks(kv_cache_config: Any, vllm_config: Any, layout: KVGroupLayout) -> int:
+@dataclasses.dataclass(frozen=True)
+class AbsoluteCaps:
     """The most blocks one request can hold at once in the groups vLLM runs at absolute
-    lengths, summed over them (vLLM's own bound for each: a window and a step, or a state
-    with its checkpoints): what footprint admission reserves beside the full-attention
-    group's K + 2r."""
+    lengths (a mixed model's windows, a hybrid's states), summed over them: what footprint
+    admission reserves beside the full-attention group's K + 2r.
+
+    prefill: while a request prefills (or replays) in chunks: vLLM's own per-request bound
+        of each group (a window holds W - 1 tokens plus the tokens in flight; a state its
+        blocks and prefill checkpoints).
+    decode: once it decodes: a window holds W - 1 tokens plus the few in flight (a step's
+        token and drafts, two steps under async scheduling), a state the same as above."""
+
+    prefill: int = 0
+    decode: int = 0
+
+
+def absolute_group_caps(
+    kv_cache_config: Any, vllm_config: Any, layout: KVGroupLayout
+) -> AbsoluteCaps:
     groups = kv_cache_config.kv_cache_groups
-    total = 0
+    decode_in_flight = 2 * (1 + vllm_config.num_lookahead_tokens)
+    prefill = decode = 0
     for group in layout.absolute:
         spec = groups[group].kv_cache_spec
-        total += cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
-    return total
+        bound = cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
+        prefill += bound
+        if is_window_spec(spec):
+            max_model_len = vllm_config.model_config.max_model_len
+            bound = spec.max_admission_blocks_per_request(decode_in_flight, max_model_len)
+        decode += bound
+    return AbsoluteCaps(prefill=prefill, decode=decode)

@@ -24,7 +24,7 @@ from randkv.vllm.options import NO_CONFIG, config_from_vllm
 from randkv.vllm.refusals import check_engine_supported
 from randkv.vllm.sched.allocation import footprint_blocks, tokens_to_next_round
 from randkv.vllm.sched.cache_manager import RandKVCacheManager, RequestRounds
-from randkv.vllm.sched.kv_groups import absolute_group_cap_blocks, kv_group_layout
+from randkv.vllm.sched.kv_groups import absolute_group_caps, kv_group_layout
 from randkv.vllm.sched.output import RandKVSchedulerOutput, RandKVStepPlan, with_plan
 from randkv.vllm.sched.request_identity import derive_request_key, request_config
 from randkv.vllm.sched.scheduling_mode import FollowsSchedulingMode
@@ -74,9 +74,9 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         self.rejected: dict[str, str] = {}
         self.metrics = RandKVRecorder(self.vllm_config, Source.SCHEDULER, publishes_once=True)
         swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
-        caps = absolute_group_cap_blocks(self.kv_cache_config, self.vllm_config, layout)
+        caps = absolute_group_caps(self.kv_cache_config, self.vllm_config, layout)
         self.kv_cache_manager.randkv_attach(
-            config, self.request_rounds, self.metrics, layout, absolute_cap_blocks=caps
+            config, self.request_rounds, self.metrics, layout, self.requests, caps
         )
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary. A hybrid model in
