@@ -23,6 +23,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.outputs import ModelRunnerOutput
@@ -134,11 +135,14 @@ def make_harness(
     max_model_len: int = 4096,
     enable_prefix_caching: bool = False,
     window: int | None = None,
+    state: bool = False,
     scheduler_cls: type | None = None,
 ) -> Harness:
     """A RandKV scheduler (or, with `config` None, vLLM's own: the reference) over a pool of
     `num_blocks` blocks; `window` adds a sliding-window KV cache group beside the
-    full-attention one, as vLLM builds for a mixed model such as Gemma 3."""
+    full-attention one, as vLLM builds for a mixed model such as Gemma 3; `state` a Mamba
+    state group, as vLLM builds for a hybrid model with prefix caching off (one state block
+    per request, vLLM's "none" state mode)."""
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=max_model_len)
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -169,6 +173,10 @@ def make_harness(
             sliding_window=window,
         )
         groups.append(KVCacheGroupSpec(["model.layers.1.self_attn.attn"], sliding))
+    if state:
+        # vLLM's "none" mode sizes a state group's blocks by max_model_len: one per request.
+        mamba = MambaSpec(block_size=max_model_len, shapes=((4, 8),), dtypes=(torch.float32,))
+        groups.append(KVCacheGroupSpec(["model.layers.2.mixer"], mamba))
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
@@ -177,7 +185,9 @@ def make_harness(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=block_size,
+        # vLLM schedules in the lcm of its groups' block sizes (a state group's is
+        # max_model_len, a multiple of the attention block here).
+        block_size=max_model_len if state else block_size,
         log_stats=True,
     )
     return Harness(scheduler, block_size, block_hasher=_block_hasher(block_size))

@@ -127,6 +127,42 @@ def test_a_mixed_model_s_window_group_is_kept_as_vllm_keeps_it(model):
     assert randkv.free_blocks() == 80 - 1
 
 
+def test_a_hybrid_model_s_state_group_is_kept_as_vllm_keeps_it(model):
+    """A full-attention group (RandKV's) beside a Mamba state group (vLLM's): the state
+    group holds, step by step, exactly what vLLM's own scheduler holds there (one block per
+    request), counted as state blocks (the gauge's count), and everything comes back."""
+    randkv = make_harness(model, CONFIG, num_blocks=80, block_size=BLOCK, state=True)
+    plain = make_harness(model, None, num_blocks=80, block_size=BLOCK, state=True)
+    ours, theirs = randkv.add(20, 250), plain.add(20, 250)
+    for _ in range(250):
+        randkv.step()
+        plain.step()
+        states = randkv.manager.coordinator.single_type_managers[1].req_to_blocks
+        plain_states = plain.scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+        held = len(states.get(ours.request_id, []))
+        assert held == len(plain_states.req_to_blocks.get(theirs.request_id, [])) <= 1
+        assert randkv.manager.randkv_blocks_held([ours.request_id]).states == held
+        full = randkv.manager.full_manager.req_to_blocks.get(ours.request_id, [])
+        assert len(full) <= blocks_for(CONFIG.max_physical_length, BLOCK)
+    assert len(_directives(randkv, ours.request_id)) == 5
+    randkv.run()
+    assert randkv.free_blocks() == 80 - 1
+
+
+def test_footprint_admission_reserves_the_state_groups_too(model):
+    """32 requests, K=64, r=16, 32-token blocks: a request's footprint is 3 full-attention
+    blocks and 1 state block, so 16 of them fit in 64 usable blocks, none preempted."""
+    config = RandKVConfig(budget=64, buffer_size=16)
+    harness = make_harness(
+        model, config, num_blocks=65, block_size=32, max_num_seqs=64,
+        max_num_batched_tokens=2048, state=True,
+    )  # fmt: skip
+    for index in range(32):
+        harness.add(32, 200, prompt_start=1000 + 50 * index)
+    assert _run_counting(harness) == (64 // 4, 0)
+    assert harness.free_blocks() == 64 and len(harness.finished) == 32
+
+
 def test_a_prompt_over_the_budget_finishes_alone_with_an_error(model):
     harness = make_harness(model, CONFIG, num_blocks=40, block_size=BLOCK)
     too_long = harness.add(CONFIG.budget + 1, 10)
