@@ -163,6 +163,22 @@ def test_footprint_admission_reserves_the_state_groups_too(model):
     assert harness.free_blocks() == 64 and len(harness.finished) == 32
 
 
+def test_footprint_admission_reserves_a_window_at_its_decode_size(model):
+    """A mixed model under footprint admission: each request reserves 3 full-attention
+    blocks and, in the 32-token window group, the 3 blocks a decoding request holds at most
+    (the window and a step; not vLLM's bound for a 2048-token prefill chunk), so 10 run at
+    once in 64 usable blocks and none is preempted."""
+    config = RandKVConfig(budget=64, buffer_size=16)
+    harness = make_harness(
+        model, config, num_blocks=65, block_size=32, max_num_seqs=64,
+        max_num_batched_tokens=2048, window=32,
+    )  # fmt: skip
+    for index in range(32):
+        harness.add(32, 200, prompt_start=1000 + 50 * index)
+    assert _run_counting(harness) == (64 // 6, 0)
+    assert harness.free_blocks() == 64 and len(harness.finished) == 32
+
+
 def test_a_prompt_over_the_budget_finishes_alone_with_an_error(model):
     harness = make_harness(model, CONFIG, num_blocks=40, block_size=BLOCK)
     too_long = harness.add(CONFIG.budget + 1, 10)

@@ -18,7 +18,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from randkv.spec.config import RandKVConfig
 from randkv.vllm.metrics import RandKVRecorder
-from randkv.vllm.sched.allocation import full_group_step, peak_blocks
+from randkv.vllm.sched.allocation import blocks_for, full_group_step, peak_blocks
 from randkv.vllm.sched.kv_groups import AbsoluteCaps, KVGroupLayout
 from randkv.vllm.sched.output import RoundDirective
 
@@ -69,6 +69,7 @@ class RandKVCacheManager(KVCacheManager):
     absolute_managers: list[SingleTypeKVCacheManager]
     absolute_caps: AbsoluteCaps
     requests: dict[str, Request]
+    max_num_batched_tokens: int
     randkv_prefill_end_keyword: bool
 
     def randkv_attach(
@@ -79,13 +80,15 @@ class RandKVCacheManager(KVCacheManager):
         layout: KVGroupLayout,
         requests: dict[str, Request],
         absolute_caps: AbsoluteCaps | None = None,
+        max_num_batched_tokens: int = 0,
     ) -> None:
-        """`requests`: the scheduler's; `absolute_caps`: the most blocks a request holds at
-        once in the window and state groups (`kv_groups.absolute_group_caps`), reserved by
-        footprint admission."""
+        """`requests`: the scheduler's; `absolute_caps`: what footprint admission reserves
+        in the window and state groups (`kv_groups.absolute_group_caps`);
+        `max_num_batched_tokens`: the longest prefill chunk."""
         self.randkv = config
         self.requests = requests
         self.absolute_caps = absolute_caps or AbsoluteCaps()
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.rounds = rounds
         self.metrics = metrics
         self.layout = layout
@@ -156,8 +159,15 @@ class RandKVCacheManager(KVCacheManager):
             # admitted, the request runs whatever its footprint: the pool is all its own.)
             growth = self._randkv_reserved_growth(request.request_id)
             if growth is not None:
-                held = step.keep_blocks + self._randkv_absolute_held(request.request_id)
-                need = state.footprint_blocks + self.absolute_caps.prefill - held + growth
+                # Its window and state blocks: what vLLM's managers need to admit it now,
+                # or what it holds at most once decoding, whichever is more.
+                now = self.randkv_absolute_blocks_to_allocate(
+                    request, computed, request.num_tokens + num_lookahead_tokens, hits,
+                    admission=True,
+                )  # fmt: skip
+                held = self._randkv_absolute_held(request.request_id)
+                absolute = max(now, self.absolute_caps.decode - held)
+                need = state.footprint_blocks - step.keep_blocks + absolute + growth
                 if need + watermark > free:
                     return None
         elif full_sequence_must_fit:
@@ -230,13 +240,22 @@ class RandKVCacheManager(KVCacheManager):
             if request_id == admitting or state is None or not blocks:
                 continue
             admitted = True
-            request = self.requests.get(request_id)
-            prefilling = request is None or request.num_computed_tokens < request.num_tokens - 1
-            caps = self.absolute_caps
-            footprint = state.footprint_blocks + (caps.prefill if prefilling else caps.decode)
-            held = len(blocks) + self._randkv_absolute_held(request_id)
-            growth += max(0, footprint - held)
+            growth += max(0, state.footprint_blocks - len(blocks))
+            absolute = self.absolute_caps.decode + self._randkv_prefill_chunk_blocks(request_id)
+            growth += max(0, absolute - self._randkv_absolute_held(request_id))
         return growth if admitted else None
+
+    def _randkv_prefill_chunk_blocks(self, request_id: str) -> int:
+        """The window blocks a request still prefilling (or replaying) may hold beyond its
+        decode footprint: its next chunk in each window group."""
+        request = self.requests.get(request_id)
+        if request is None or not self.absolute_caps.window_groups:
+            return 0
+        remaining = request.num_tokens - 1 - request.num_computed_tokens
+        if remaining <= 0:
+            return 0
+        chunk = min(remaining, self.max_num_batched_tokens)
+        return self.absolute_caps.window_groups * blocks_for(chunk, self.block_size)
 
     def _randkv_absolute_held(self, request_id: str) -> int:
         """Blocks a request holds now in the window and state groups (not vLLM's null

@@ -153,18 +153,19 @@ def kv_group_layout(kv_cache_config: Any) -> KVGroupLayout:
 
 @dataclasses.dataclass(frozen=True)
 class AbsoluteCaps:
-    """The most blocks one request can hold at once in the groups vLLM runs at absolute
-    lengths (a mixed model's windows, a hybrid's states), summed over them: what footprint
-    admission reserves beside the full-attention group's K + 2r.
+    """What footprint admission reserves for a request in the groups vLLM runs at absolute
+    lengths (a mixed model's windows, a hybrid's states), beside the full-attention group's
+    K + 2r.
 
-    prefill: while a request prefills (or replays) in chunks: vLLM's own per-request bound
-        of each group (a window holds W - 1 tokens plus the tokens in flight; a state its
-        blocks and prefill checkpoints).
-    decode: once it decodes: a window holds W - 1 tokens plus the few in flight (a step's
-        token and drafts, two steps under async scheduling), a state the same as above."""
+    decode: the most blocks a decoding request holds at once there, summed over the groups:
+        a window W - 1 tokens plus those of the steps in flight (one token and the drafts
+        per step, two steps under async scheduling), a state vLLM's own bound (its blocks
+        and prefill checkpoints).
+    window_groups: how many window groups there are: a request still prefilling holds up to
+        a chunk more in each (vLLM frees what left the window before each chunk)."""
 
-    prefill: int = 0
     decode: int = 0
+    window_groups: int = 0
 
 
 def absolute_group_caps(
@@ -172,13 +173,12 @@ def absolute_group_caps(
 ) -> AbsoluteCaps:
     groups = kv_cache_config.kv_cache_groups
     decode_in_flight = 2 * (1 + vllm_config.num_lookahead_tokens)
-    prefill = decode = 0
+    max_model_len = vllm_config.model_config.max_model_len
+    decode = 0
     for group in layout.absolute:
         spec = groups[group].kv_cache_spec
-        bound = cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
-        prefill += bound
         if is_window_spec(spec):
-            max_model_len = vllm_config.model_config.max_model_len
-            bound = spec.max_admission_blocks_per_request(decode_in_flight, max_model_len)
-        decode += bound
-    return AbsoluteCaps(prefill=prefill, decode=decode)
+            decode += spec.max_admission_blocks_per_request(decode_in_flight, max_model_len)
+        else:
+            decode += cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
+    return AbsoluteCaps(decode=decode, window_groups=len(layout.windows))

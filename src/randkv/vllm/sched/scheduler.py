@@ -76,8 +76,9 @@ class RandKVScheduler(FollowsSchedulingMode, TimelineMixin, Scheduler):
         swap_class(self.kv_cache_manager, KVCacheManager, RandKVCacheManager)
         caps = absolute_group_caps(self.kv_cache_config, self.vllm_config, layout)
         self.kv_cache_manager.randkv_attach(
-            config, self.request_rounds, self.metrics, layout, self.requests, caps
-        )
+            config, self.request_rounds, self.metrics, layout, self.requests, caps,
+            self.vllm_config.scheduler_config.max_num_batched_tokens,
+        )  # fmt: skip
         # vLLM calls this split hook for every scheduled request (running and waiting);
         # RandKV uses it to end each chunk at the next round boundary. A hybrid model in
         # vLLM's "align" state mode (prefix caching on) needs vLLM's own split first.
