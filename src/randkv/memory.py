@@ -15,8 +15,8 @@ Group kinds and what a request holds in each (block size B, context T tokens):
 - "state": linear-attention (Gated DeltaNet) or Mamba2 layers hold a fixed-size state per
   request whatever T is (formulas below), plain or RandKV.
 - "latent": MLA (DeepSeek-V3) keeps one latent row of kv_lora_rank + qk_rope_head_dim values
-  per token per layer, shared by all heads. RandKV would bound it like full attention
-  (K + 2r rows); RandKV's vLLM integration refuses MLA today, so that column is a projection.
+  per token per layer, shared by all heads. RandKV bounds it like full attention (K + 2r
+  rows, one kept set per layer: docs/spec.md, "MLA").
 
 Config families, told apart by their config.json fields (a multimodal config's
 `text_config`, when the top level has no `num_hidden_layers`, is read instead):
@@ -542,13 +542,13 @@ def notes(plan: MemoryPlan) -> list[str]:
     lines = []
     if "latent" in kinds:
         lines.append(
-            "latent: RandKV's vLLM integration refuses MLA today; its column is what RandKV "
-            "would hold bounding the latent rows at K + 2r"
+            "latent: one row per token shared by every head; RandKV keeps K + 2r rows per "
+            "layer, one kept set for all of the layer's heads"
         )
     if "state" in kinds:
         lines.append(
-            "state: estimated from vLLM's state shapes; RandKV's vLLM integration refuses "
-            "hybrid state models today, so its column is a projection"
+            "state: estimated from vLLM's state shapes; the same with or without RandKV (one "
+            "state per request, however long)"
         )
         block = vllm_hybrid_block_size(plan.model, plan.settings)
         if block is not None and block != plan.settings.block_size:
