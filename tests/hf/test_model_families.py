@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from recompute_oracle import recompute_logprobs
+from recompute_oracle import assert_rows_decode_what_the_oracle_recomputes
 from transformers import AutoModelForCausalLM
 
 import randkv.hf as rh
@@ -63,17 +63,9 @@ def test_the_cache_bounds_the_full_layers_and_keeps_transformers_states(family, 
 def test_each_row_decodes_what_the_oracle_recomputes(ckpt, model, batch_new):
     """Left-padded batch rows (own prompts, own rounds) against a from-scratch recompute that
     applies the spec's per-head sets on the full-attention layers."""
-    for row, prompt in enumerate(PROMPTS):
-        key = request_key_from_content(prompt)
-        new = batch_new[row]
-        want = recompute_logprobs(ckpt, CONFIG, prompt, new, key)
-        got = rh.teacher_forced_logprobs(model, prompt, new, randkv=CONFIG, request_key=key)
-        torch.testing.assert_close(got.logprobs, want, atol=2e-4, rtol=0)
-        assert want.argmax(-1).tolist() == new, f"row {row}"
-        rounds = spec.num_rounds(
-            CONFIG, prompt_length=len(prompt), tokens_seen=len(prompt) + NEW_TOKENS - 1
-        )
-        assert rounds >= 3
+    assert_rows_decode_what_the_oracle_recomputes(
+        ckpt, model, CONFIG, PROMPTS, batch_new, atol=2e-4, min_rounds=3
+    )
 
 
 def test_evictions_change_the_answer(model, batch_new):

@@ -68,25 +68,60 @@ def adapter_caches(folder: str, family: str, config, prompts, tokens):
     the engine's tokens, and its caches (for the slot maps)."""
     from transformers import AutoModelForCausalLM
 
-    from randkv.hf import RandKVCache
-    from randkv.hf.scoring import score_sequences
-
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=getattr(torch, FAMILIES[family].dtype)
     )
-    runs = []
-    for ids, generated, key in zip(prompts, tokens, KEYS, strict=True):
-        cache = RandKVCache(model, config, request_keys=[key], prompt_lengths=[len(ids)])
-        scores: dict[int, torch.Tensor] = {}
-
-        def keep(start: int, logprobs: torch.Tensor) -> None:
-            for j in range(logprobs.shape[1]):
-                scores[start + 1 + j] = logprobs[0, j]  # noqa: B023
-
-        with torch.inference_mode():
-            score_sequences(model, torch.tensor([ids + generated]), cache, keep)
-        runs.append((scores, cache))
+    runs = [
+        teacher_forced(model, config, ids, generated, key)
+        for ids, generated, key in zip(prompts, tokens, KEYS, strict=True)
+    ]
     return model, runs
+
+
+def teacher_forced(model, config, ids: list[int], generated: list[int], key: str):
+    """`ids + generated` fed through the adapter's `RandKVCache` (request key `key`): the
+    log-distribution it gives at each position (`scores[p]`: of the token at p), and the
+    cache."""
+    from randkv.hf import RandKVCache
+    from randkv.hf.scoring import score_sequences
+
+    cache = RandKVCache(model, config, request_keys=[key], prompt_lengths=[len(ids)])
+    scores: dict[int, torch.Tensor] = {}
+
+    def keep(start: int, logprobs: torch.Tensor) -> None:
+        for j in range(logprobs.shape[1]):
+            scores[start + 1 + j] = logprobs[0, j]
+
+    with torch.inference_mode():
+        score_sequences(model, torch.tensor([ids + generated]), cache, keep)
+    return scores, cache
+
+
+def plain_then_randkv(folder: str, config, prompts, max_tokens: int, **engine):
+    """The same greedy requests through plain vLLM, then through RandKV (one engine after
+    the other, the same settings): per prompt (plain tokens, RandKV tokens, RandKV's record
+    of it), and the KV block size."""
+    import vllm
+    from vllm import SamplingParams
+
+    from randkv.vllm import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    requests = [{"prompt_token_ids": ids} for ids in prompts]
+    plain = vllm.LLM(model=folder, **engine)
+    expected = [list(o.outputs[0].token_ids) for o in plain.generate(requests, params)]
+    plain.llm_engine.engine_core.shutdown()
+    del plain
+    llm = LLM(model=folder, randkv=config, **engine)
+    outputs = llm.generate(requests, params)
+    block = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_size
+    runs = [
+        (want, list(output.outputs[0].token_ids), llm.randkv_request_stats(output.request_id))
+        for output, want in zip(outputs, expected, strict=True)
+    ]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    return runs, block
 
 
 def assert_slots_are_the_specs(run, prompts, config, caches, new_tokens) -> None:

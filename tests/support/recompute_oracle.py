@@ -70,3 +70,29 @@ def recompute_logprobs(
     with torch.inference_mode():
         logits = oracle(torch.tensor([sequence]), use_cache=False).logits[0]
     return torch.log_softmax(logits[len(prompt) - 1 : n - 1].float(), dim=-1)
+
+
+def assert_rows_decode_what_the_oracle_recomputes(
+    ckpt: str | Path,
+    model,
+    config: RandKVConfig,
+    prompts: Sequence[Sequence[int]],
+    batch_new: Sequence[Sequence[int]],
+    *,
+    atol: float,
+    min_rounds: int,
+) -> None:
+    """Each row's new tokens (decoded in one RandKV batch) against the from-scratch
+    recompute: the adapter's teacher-forced log-probabilities within `atol`, the oracle's
+    greedy tokens those rows decoded, at least `min_rounds` rounds per row."""
+    import randkv.hf as rh
+    from randkv import request_key_from_content
+
+    for row, (prompt, new) in enumerate(zip(prompts, batch_new, strict=True)):
+        key = request_key_from_content(list(prompt))
+        want = recompute_logprobs(ckpt, config, prompt, new, key)
+        got = rh.teacher_forced_logprobs(model, prompt, new, randkv=config, request_key=key)
+        torch.testing.assert_close(got.logprobs, want, atol=atol, rtol=0)
+        assert want.argmax(-1).tolist() == list(new), f"row {row}"
+        seen = len(prompt) + len(new) - 1
+        assert spec.num_rounds(config, prompt_length=len(prompt), tokens_seen=seen) >= min_rounds

@@ -25,7 +25,9 @@ from family_engines import (  # noqa: E402
     assert_blocks_bounded_and_returned,
     assert_slots_are_the_specs,
     byte_prompts,
+    plain_then_randkv,
     run_engine,
+    teacher_forced,
 )
 
 from randkv import RandKVConfig  # noqa: E402
@@ -204,20 +206,9 @@ def test_qwen3_next_twins_and_replays_stay_greedy(qwen3_next_folder, qwen3_next_
     keys = [KEYS[0], KEYS[1], KEYS[0]]
     from transformers import AutoModelForCausalLM
 
-    from randkv.hf import RandKVCache
-    from randkv.hf.scoring import score_sequences
-
     model = AutoModelForCausalLM.from_pretrained(qwen3_next_folder, dtype=torch.bfloat16)
     for ids, tokens, key in zip(sources, others, keys, strict=True):
-        cache = RandKVCache(model, QWEN3_NEXT_CONFIG, request_keys=[key], prompt_lengths=[len(ids)])
-        scores: dict[int, torch.Tensor] = {}
-
-        def keep(start: int, logprobs: torch.Tensor) -> None:
-            for j in range(logprobs.shape[1]):
-                scores[start + 1 + j] = logprobs[0, j]  # noqa: B023
-
-        with torch.inference_mode():
-            score_sequences(model, torch.tensor([ids + tokens]), cache, keep)
+        scores, _ = teacher_forced(model, QWEN3_NEXT_CONFIG, ids, tokens, key)
         assert max(_gaps(scores, len(ids), tokens)) <= BF16_TIE
 
 
@@ -237,32 +228,15 @@ def test_qwen3_next_before_the_first_round_is_plain_vllm(qwen3_next_folder) -> N
     """RandKV at K=64, r=16 on the tiny Qwen3-Next: until a request's first round its tokens
     are plain vLLM's (same engine settings, same kernels), then rounds fire and its
     full-attention blocks stay within those of K + 2r."""
-    import vllm
-    from vllm import SamplingParams
-
-    from randkv.vllm import LLM
-
     config = RandKVConfig(budget=64, buffer_size=16)
     prompts = byte_prompts(40, 47)
     engine = dict(QWEN3_NEXT_ENGINE, num_gpu_blocks_override=64, dtype="bfloat16", seed=0)
-    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    requests = [{"prompt_token_ids": ids} for ids in prompts]
-    plain = vllm.LLM(model=qwen3_next_folder, **engine)
-    expected = [list(o.outputs[0].token_ids) for o in plain.generate(requests, params)]
-    plain.llm_engine.engine_core.shutdown()
-    del plain
-    llm = LLM(model=qwen3_next_folder, randkv=config, **engine)
-    outputs = llm.generate(requests, params)
-    block = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_size
-    for ids, output, want in zip(prompts, outputs, expected, strict=True):
+    runs, block = plain_then_randkv(qwen3_next_folder, config, prompts, 120, **engine)
+    for ids, (want, got, stats) in zip(prompts, runs, strict=True):
         first_round = config.max_physical_length - len(ids)  # tokens generated before it
-        got = list(output.outputs[0].token_ids)
         assert got[:first_round] == want[:first_round]
-        stats = llm.randkv_request_stats(output.request_id)
         assert stats.rounds >= 4
         assert stats.blocks_held <= -(-config.max_physical_length // block)
-    llm.llm_engine.engine_core.shutdown()
-    del llm
 
 
 @pytest.mark.engine

